@@ -1,0 +1,43 @@
+// validate(call): every violation of the catalogue, in a deterministic order, plus the value
+// rules it had to defer because the values live on the device. Pure: the verdict depends on the
+// call description alone (no caches keyed by address or identity). Never throws on any input.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kdaguard/contracts/call.h"
+#include "kdaguard/contracts/rules.h"
+
+namespace kdaguard {
+
+struct Violation {
+  RuleId rule;
+  std::string argument;  // the argument or scalar the rule fired on ("q", "scale", ...)
+  std::string message;   // names the argument and shows the expected and the actual value
+};
+
+// A value rule left to the device because `argument` carries no host copy of its values.
+struct DeferredCheck {
+  RuleId rule;
+  std::string argument;
+};
+
+struct Verdict {
+  std::vector<Violation> violations;   // sorted by (catalogue order, argument order, message)
+  std::vector<DeferredCheck> deferred;  // sorted likewise, no duplicates
+
+  bool accepted() const { return violations.empty(); }
+  bool breaks(RuleId rule) const;
+};
+
+Verdict validate(const DecodeCall& call);
+Verdict validate(const PrefillCall& call);
+Verdict validate(const VerifyCall& call);
+Verdict validate(const CommitCall& call);
+Verdict validate(const AnyCall& call);
+
+// A readable multi-line summary: "rule (argument): message" per violation.
+std::string describe(const Verdict& verdict);
+
+}  // namespace kdaguard

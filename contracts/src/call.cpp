@@ -1,0 +1,72 @@
+#include "kdaguard/contracts/call.h"
+
+#include <array>
+
+namespace kdaguard {
+namespace {
+
+constexpr std::array<std::string_view, kArgCount> kArgNames = {
+    "q",     "k",          "v",             "a",
+    "g",     "A_log",      "dt_bias",       "b",
+    "beta",  "state",      "cache_indices", "cu_seqlens",
+    "initial_state", "initial_state_indices", "out", "scratch",
+    "scratch_row_map", "scratch_indices", "accepted"};
+
+}  // namespace
+
+std::string_view arg_name(Arg a) { return kArgNames[static_cast<std::size_t>(a)]; }
+
+std::optional<Arg> arg_from_name(std::string_view name) {
+  for (std::size_t i = 0; i < kArgNames.size(); ++i)
+    if (kArgNames[i] == name) return static_cast<Arg>(i);
+  return std::nullopt;
+}
+
+Entry entry_of(const AnyCall& call) {
+  return std::visit([](const auto& c) { return std::decay_t<decltype(c)>::kEntry; }, call);
+}
+
+OptionalView* find_argument(AnyCall& call, Arg arg) {
+  OptionalView* found = nullptr;
+  for_each_argument(call, [&](Arg a, OptionalView& view) {
+    if (a == arg) found = &view;
+  });
+  return found;
+}
+
+const OptionalView* find_argument(const AnyCall& call, Arg arg) {
+  const OptionalView* found = nullptr;
+  for_each_argument(call, [&](Arg a, const OptionalView& view) {
+    if (a == arg) found = &view;
+  });
+  return found;
+}
+
+bool entry_takes(Entry e, Arg arg) {
+  const AnyCall call = make_call(e);
+  return find_argument(call, arg) != nullptr;
+}
+
+const Scalars& scalars_of(const AnyCall& call) {
+  return std::visit([](const auto& c) -> const Scalars& { return c.scalars; }, call);
+}
+
+Scalars& scalars_of(AnyCall& call) {
+  return std::visit([](auto& c) -> Scalars& { return c.scalars; }, call);
+}
+
+Device device_of(const AnyCall& call) {
+  return std::visit([](const auto& c) { return c.device; }, call);
+}
+
+AnyCall make_call(Entry e) {
+  switch (e) {
+    case Entry::decode: return DecodeCall{};
+    case Entry::prefill: return PrefillCall{};
+    case Entry::verify: return VerifyCall{};
+    case Entry::commit: return CommitCall{};
+  }
+  return DecodeCall{};
+}
+
+}  // namespace kdaguard

@@ -1,0 +1,937 @@
+// The validators. One pass over the call: derive the call's dimensions from its anchor tensors,
+// check every argument against its entry point's argument table, then the pool, index and value
+// rules. Every check reports through Report::add, which keeps the rule id, the argument and a
+// message naming the expected and the actual value. Messages are only formatted on failure, so an
+// accepted call costs a few hundred nanoseconds and allocates only for deferred value rules.
+#include "kdaguard/contracts/validate.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <span>
+#include <unordered_set>
+
+#include "kdaguard/contracts/value_checks.h"
+
+namespace kdaguard {
+namespace {
+
+using i64 = std::int64_t;
+
+// a * b, or INT64_MAX / INT64_MIN when that overflows: for checks on absurd inputs, where any
+// out-of-range value fails the comparison it feeds.
+i64 saturating_mul(i64 a, i64 b) {
+  i64 product = 0;
+  if (__builtin_mul_overflow(a, b, &product))
+    return ((a < 0) != (b < 0)) ? std::numeric_limits<i64>::min() : std::numeric_limits<i64>::max();
+  return product;
+}
+
+
+// ------------------------------------------------------------------------------------------------
+// Reporting
+// ------------------------------------------------------------------------------------------------
+
+// Sort position of a violation's argument: tensor arguments in Arg order, then scalars.
+int argument_order(std::string_view argument) {
+  if (auto a = arg_from_name(argument)) return static_cast<int>(*a);
+  return kArgCount;
+}
+
+class Report {
+ public:
+  Report() {
+#ifdef KDAGUARD_ENABLE_KNOCKOUT
+    // Test-only build: pretend one rule's check was removed (scripts/knockout.sh).
+    if (const char* id = std::getenv("KDAGUARD_KNOCKOUT_RULE")) knocked_out_ = rule_from_id(id);
+#endif
+  }
+
+  void add(RuleId rule, std::string_view argument, std::string message) {
+    if (knocked_out_ == rule) return;
+    verdict_.violations.push_back({rule, std::string(argument), std::move(message)});
+  }
+  void defer(RuleId rule, std::string_view argument) {
+    verdict_.deferred.push_back({rule, std::string(argument)});
+  }
+
+  Verdict finish() && {
+    auto by_rule_then_argument = [](const auto& x, const auto& y) {
+      if (x.rule != y.rule) return x.rule < y.rule;
+      return argument_order(x.argument) < argument_order(y.argument);
+    };
+    std::stable_sort(verdict_.violations.begin(), verdict_.violations.end(),
+                     by_rule_then_argument);
+    auto& d = verdict_.deferred;
+    std::stable_sort(d.begin(), d.end(), by_rule_then_argument);
+    d.erase(std::unique(d.begin(), d.end(),
+                        [](const auto& x, const auto& y) {
+                          return x.rule == y.rule && x.argument == y.argument;
+                        }),
+            d.end());
+    return std::move(verdict_);
+  }
+
+ private:
+  Verdict verdict_;
+  std::optional<RuleId> knocked_out_;
+};
+
+std::string shape_text(const TensorView& t) {
+  return fmt::format("({})", fmt::join(std::span(t.shape.data(), t.rank), ", "));
+}
+std::string stride_text(const TensorView& t) {
+  return fmt::format("({})", fmt::join(std::span(t.stride.data(), t.rank), ", "));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Argument tables: what each entry point expects of each argument
+// ------------------------------------------------------------------------------------------------
+
+// A symbolic size. kRows is B (decode) or T_tot (prefill, verify): the rows of q.
+enum class Dim : std::uint8_t { kRows, kH, kK, kHV, kV, kHVxK, kSlots, kN, kNPlus1, kT, kAny };
+
+enum class DTypeRule : std::uint8_t {
+  kIo,           // bf16, f16 or f32; the dtype of q for every argument but q itself
+  kF32OrIo,      // f32 or the dtype of q
+  kF32,
+  kState,        // f32 or bf16
+  kI32,
+  kI32OrI64,
+};
+
+enum class Kind : std::uint8_t {
+  kVector,  // [.., dim] read or written with 16-byte vectors along a contiguous last dim
+  kScalars, // read element by element (beta, A_log, index maps)
+  kPool,    // a state pool: the state.* rules replace the generic layout rules
+  kScratch, // the verify scratch [S_spec, T_alloc, HV, V, K]
+};
+
+struct ArgSpec {
+  Arg arg;
+  Kind kind;
+  DTypeRule dtype;
+  bool output;
+  // Leading dim may exceed its size (rows past the end are ignored); shorter is its own rule.
+  bool leading_at_least;
+  std::array<Dim, 5> dims;
+  int rank;
+};
+
+constexpr ArgSpec spec(Arg arg, Kind kind, DTypeRule dtype, bool output, bool at_least,
+                       std::initializer_list<Dim> dims) {
+  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size())};
+  int i = 0;
+  for (Dim d : dims) s.dims[i++] = d;
+  return s;
+}
+
+using enum Dim;
+using enum DTypeRule;
+using enum Kind;
+
+// Shared by decode, prefill and verify: the per-token inputs.
+constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
+constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
+constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
+constexpr ArgSpec kA = spec(Arg::a, kVector, kIo, false, true, {kRows, kHV, kK});
+constexpr ArgSpec kG = spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
+constexpr ArgSpec kALog = spec(Arg::A_log, kScalars, kF32, false, false, {kHV});
+constexpr ArgSpec kDtBias = spec(Arg::dt_bias, kVector, kF32, false, false, {kHVxK});
+constexpr ArgSpec kB = spec(Arg::b, kScalars, kF32OrIo, false, true, {kRows, kHV});
+constexpr ArgSpec kBeta = spec(Arg::beta, kScalars, kF32OrIo, false, true, {kRows, kHV});
+constexpr ArgSpec kOut = spec(Arg::out, kVector, kIo, true, false, {kRows, kHV, kV});
+
+constexpr std::array kDecodeSpecs = {
+    kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta,
+    spec(Arg::state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
+    spec(Arg::cache_indices, kScalars, kI32, false, true, {kRows}),
+    spec(Arg::cu_seqlens, kScalars, kI32, false, false, {kNPlus1}),
+    kOut};
+
+constexpr std::array kPrefillSpecs = {
+    kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta,
+    spec(Arg::cu_seqlens, kScalars, kI32OrI64, false, false, {kNPlus1}),
+    spec(Arg::initial_state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
+    spec(Arg::initial_state_indices, kScalars, kI32, false, true, {kN}),
+    kOut};
+
+constexpr ArgSpec kScratchSpec = spec(Arg::scratch, kScratch, kState, true, false,
+                                      {kAny, kAny, kHV, kV, kK});
+constexpr ArgSpec kRowMap = spec(Arg::scratch_row_map, kScalars, kI32, false, true, {kN});
+constexpr ArgSpec kScratchIndices =
+    spec(Arg::scratch_indices, kScalars, kI32, false, false, {kN, kT});
+
+constexpr std::array kVerifySpecs = {
+    kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta,
+    spec(Arg::cu_seqlens, kScalars, kI32, false, false, {kNPlus1}),
+    spec(Arg::state, kPool, kState, false, false, {kSlots, kHV, kV, kK}),
+    spec(Arg::cache_indices, kScalars, kI32, false, true, {kN}),
+    kScratchSpec, kRowMap, kScratchIndices, kOut};
+
+constexpr std::array kCommitSpecs = {
+    kScratchSpec, kRowMap, kScratchIndices,
+    spec(Arg::state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
+    spec(Arg::cache_indices, kScalars, kI32, false, true, {kN}),
+    spec(Arg::accepted, kScalars, kI32, false, false, {kN}),
+    spec(Arg::cu_seqlens, kScalars, kI32, false, false, {kNPlus1})};
+
+// ------------------------------------------------------------------------------------------------
+// The call as the checks see it
+// ------------------------------------------------------------------------------------------------
+
+struct Dims {
+  std::optional<i64> rows, H, K, HV, V, slots, N, T, scratch_rows, scratch_steps;
+};
+
+struct Context {
+  Entry entry;
+  Device device;
+  const Scalars* scalars;
+  std::array<const TensorView*, kArgCount> views{};
+  std::span<const ArgSpec> specs;
+  Dims dims;
+  // Arguments whose own layout checks passed: only these feed derived checks (values, aliasing).
+  std::array<bool, kArgCount> sound{};
+
+  const TensorView* view(Arg a) const { return views[static_cast<std::size_t>(a)]; }
+  bool has(Arg a) const { return view(a) != nullptr; }
+  bool is_sound(Arg a) const { return sound[static_cast<std::size_t>(a)]; }
+};
+
+template <class Call>
+Context make_context(const Call& call, std::span<const ArgSpec> specs) {
+  Context ctx{Call::kEntry, call.device, &call.scalars, {}, specs, {}, {}};
+  for_each_argument(call, [&](Arg a, const OptionalView& v) {
+    if (v) ctx.views[static_cast<std::size_t>(a)] = &*v;
+  });
+  return ctx;
+}
+
+std::optional<i64> dim_of(const TensorView* t, int d, int expected_rank) {
+  if (t == nullptr || t->rank != expected_rank || t->shape[d] < 0) return std::nullopt;
+  return t->shape[d];
+}
+
+void derive_dims(Context& ctx) {
+  Dims& d = ctx.dims;
+  const TensorView* q = ctx.view(Arg::q);
+  const TensorView* v = ctx.view(Arg::v);
+  const TensorView* state =
+      ctx.entry == Entry::prefill ? ctx.view(Arg::initial_state) : ctx.view(Arg::state);
+  const TensorView* scratch = ctx.view(Arg::scratch);
+  if (ctx.entry == Entry::commit) {
+    d.HV = dim_of(state, 1, 4);
+    d.V = dim_of(state, 2, 4);
+    d.K = dim_of(state, 3, 4);
+    d.N = dim_of(ctx.view(Arg::accepted), 0, 1);
+  } else {
+    d.rows = dim_of(q, 0, 3);
+    d.H = dim_of(q, 1, 3);
+    d.K = dim_of(q, 2, 3);
+    d.HV = dim_of(v, 1, 3);
+    d.V = dim_of(v, 2, 3);
+  }
+  d.slots = dim_of(state, 0, 4);
+  if (ctx.entry == Entry::decode) {
+    d.N = d.rows;
+  } else if (ctx.entry != Entry::commit) {
+    if (auto cu = dim_of(ctx.view(Arg::cu_seqlens), 0, 1); cu && *cu >= 1) d.N = *cu - 1;
+  }
+  if (ctx.scalars->draft_token_num) d.T = *ctx.scalars->draft_token_num;
+  d.scratch_rows = dim_of(scratch, 0, 5);
+  d.scratch_steps = dim_of(scratch, 1, 5);
+}
+
+std::optional<i64> expected_size(const Dims& d, Dim dim) {
+  switch (dim) {
+    case kRows: return d.rows;
+    case kH: return d.H;
+    case kK: return d.K;
+    case kHV: return d.HV;
+    case kV: return d.V;
+    case kHVxK:
+      if (d.HV && d.K) return saturating_mul(*d.HV, *d.K);
+      return std::nullopt;
+    case kSlots: return d.slots;
+    case kN: return d.N;
+    case kNPlus1:
+      if (d.N) return *d.N + 1;
+      return std::nullopt;
+    case kT: return d.T;
+    case kAny: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string_view dim_name(Dim dim, Entry entry) {
+  switch (dim) {
+    case kRows: return entry == Entry::decode ? "B" : "T_tot";
+    case kH: return "H";
+    case kK: return "K";
+    case kHV: return "HV";
+    case kV: return "V";
+    case kHVxK: return "HV*K";
+    case kSlots: return "S";
+    case kN: return entry == Entry::decode ? "B" : "N";
+    case kNPlus1: return entry == Entry::decode ? "B+1" : "N+1";
+    case kT: return "T";
+    case kAny: return "any";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Layout arithmetic (all overflow-checked)
+// ------------------------------------------------------------------------------------------------
+
+// Largest element offset from element [0..0], or nullopt on overflow. Strides are non-negative.
+std::optional<i64> span_elements(const TensorView& t) {
+  i64 last = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] == 0) return 0;
+    i64 step = 0;
+    if (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &step)) return std::nullopt;
+    if (__builtin_add_overflow(last, step, &last)) return std::nullopt;
+  }
+  return last;
+}
+
+struct ByteRange {
+  std::uint64_t begin = 0, end = 0;  // [begin, end), absolute
+};
+
+// Whether no two elements of the view share an address: sorting the dims of size > 1 by stride,
+// each stride must step past everything the smaller dims span.
+bool maps_elements_one_to_one(const TensorView& t) {
+  std::array<int, kMaxRank> order{};
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) order[n++] = d;
+  std::sort(order.begin(), order.begin() + n,
+            [&](int x, int y) { return t.stride[x] < t.stride[y]; });
+  i64 spanned = 0;  // largest offset reachable with the smaller dims
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    if (t.stride[d] <= spanned) return false;
+    spanned += (t.shape[d] - 1) * t.stride[d];  // bounded: span_elements succeeded
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Per-argument checks
+// ------------------------------------------------------------------------------------------------
+
+bool dtype_allowed(DTypeRule rule, DType t, std::optional<DType> io) {
+  const bool floating = t == DType::bf16 || t == DType::f16 || t == DType::f32;
+  switch (rule) {
+    case kIo: return io ? t == *io : floating;
+    case kF32OrIo: return t == DType::f32 || (io ? t == *io : floating);
+    case kF32: return t == DType::f32;
+    case kState: return t == DType::f32 || t == DType::bf16;
+    case kI32: return t == DType::i32;
+    case kI32OrI64: return t == DType::i32 || t == DType::i64;
+  }
+  return false;
+}
+
+std::string dtype_expectation(DTypeRule rule, std::optional<DType> io) {
+  const std::string io_text = io ? fmt::format("{} (the dtype of q)", dtype_name(*io))
+                                 : std::string("bf16, f16 or f32");
+  switch (rule) {
+    case kIo: return io_text;
+    case kF32OrIo: return "f32 or " + io_text;
+    case kF32: return "f32";
+    case kState: return "f32 or bf16";
+    case kI32: return "i32";
+    case kI32OrI64: return "i32 or i64";
+  }
+  return "?";
+}
+
+// Checks that every argument gets, then the kind-specific layout rules. Marks the argument sound
+// when nothing about its own layout is wrong.
+void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
+  const TensorView* tp = ctx.view(s.arg);
+  if (tp == nullptr) return;
+  const TensorView& t = *tp;
+  const std::string_view name = arg_name(s.arg);
+  bool sound = true;
+  auto fail = [&](RuleId rule, std::string message) {
+    r.add(rule, name, std::move(message));
+    sound = false;
+  };
+
+  // Device.
+  const Device dev = t.device.value_or(ctx.device);
+  if (dev != ctx.device)
+    fail(RuleId::arg_device, fmt::format("{} is on {}; the call runs on {}", name,
+                                         device_name(dev), device_name(ctx.device)));
+
+  // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
+  const TensorView* q = ctx.view(Arg::q);
+  const std::optional<DType> io =
+      (q && s.arg != Arg::q && dtype_allowed(kIo, q->dtype, std::nullopt))
+          ? std::optional<DType>(q->dtype)
+          : std::nullopt;
+  if (s.arg == Arg::scratch_indices) {
+    // verify.scratch_indices covers its dtype, rank and shape together.
+  } else if (!dtype_allowed(s.dtype, t.dtype, io)) {
+    fail(RuleId::arg_dtype, fmt::format("{} has dtype {}; expected {}", name, dtype_name(t.dtype),
+                                        dtype_expectation(s.dtype, io)));
+  }
+
+  // Rank. Pools and the scratch have their own rank rules.
+  const bool rank_ok = t.rank == s.rank;
+  if (!rank_ok) {
+    if (s.kind == kPool) {
+      fail(RuleId::state_rank,
+           fmt::format("recurrent_kda needs a [N, HV, V, K] state pool; got shape {} for {}",
+                       shape_text(t), name));
+    } else if (s.kind == kScratch) {
+      fail(RuleId::verify_scratch_layout,
+           fmt::format("scratch must be a 5-D [S_spec, T_alloc, HV, V, K] pool; got shape {}",
+                       shape_text(t)));
+    } else if (s.arg == Arg::scratch_indices) {
+      fail(RuleId::verify_scratch_indices,
+           fmt::format("scratch_indices must be a 2-D [N, T] i32 tensor; got rank {}", t.rank));
+    } else {
+      fail(RuleId::arg_rank, fmt::format("{} must have {} dimensions; got {} (shape {})", name,
+                                         s.rank, t.rank, shape_text(t)));
+    }
+  }
+  if (t.rank < 0 || t.rank > kMaxRank) {
+    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
+    return;
+  }
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 0) {
+      fail(RuleId::arg_shape,
+           fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
+      ctx.sound[static_cast<std::size_t>(s.arg)] = false;
+      return;
+    }
+  }
+
+  // Sizes against the call's dimensions.
+  if (rank_ok) {
+    for (int d = 0; d < s.rank; ++d) {
+      const auto want = expected_size(ctx.dims, s.dims[d]);
+      if (!want) continue;
+      const i64 got = t.shape[d];
+      if (got == *want || (d == 0 && s.leading_at_least && got > *want)) continue;
+      if (d == 0 && s.leading_at_least && got < *want) {
+        const bool gate_or_beta =
+            s.arg == Arg::a || s.arg == Arg::g || s.arg == Arg::b || s.arg == Arg::beta;
+        if (gate_or_beta) {
+          fail(RuleId::gate_cover_tokens,
+               fmt::format("g and beta must cover every q token: {} has {} rows, q has {}", name,
+                           got, *want));
+        } else {
+          fail(RuleId::index_length,
+               fmt::format("{} has {} entries; the call has {} = {} rows", name, got,
+                           dim_name(s.dims[d], ctx.entry), *want));
+        }
+        continue;
+      }
+      if (s.arg == Arg::scratch_indices) {
+        fail(RuleId::verify_scratch_indices,
+             fmt::format("scratch_indices must be [N, T] = [{}, {}]; got shape {}",
+                         ctx.dims.N.value_or(-1), ctx.dims.T.value_or(-1), shape_text(t)));
+        continue;
+      }
+      fail(RuleId::arg_shape, fmt::format("{} dim {} must be {} = {}; got {} (shape {})", name, d,
+                                          dim_name(s.dims[d], ctx.entry), *want, got,
+                                          shape_text(t)));
+    }
+  }
+  if (s.arg == Arg::scratch_indices && t.dtype != DType::i32)
+    fail(RuleId::verify_scratch_indices,
+         fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
+
+  // Strides: never negative.
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.stride[d] < 0) {
+      fail(RuleId::arg_stride,
+           fmt::format("{} has a negative stride {} in dim {}; strides {}", name, t.stride[d], d,
+                       stride_text(t)));
+      ctx.sound[static_cast<std::size_t>(s.arg)] = false;
+      return;
+    }
+  }
+
+  // Extent: the whole view inside 64-bit arithmetic and inside its allocation.
+  const i64 esize = element_size(t.dtype);
+  const auto span = span_elements(t);
+  i64 last = 0, end_bytes = 0;
+  const bool empty = t.numel() == 0;
+  if (t.storage_offset.count < 0) {
+    fail(RuleId::arg_extent, fmt::format("{} starts before its allocation: storage_offset {}",
+                                         name, t.storage_offset.count));
+  } else if (!span || __builtin_add_overflow(*span, t.storage_offset.count, &last) ||
+             __builtin_add_overflow(last, i64{1}, &end_bytes) ||
+             __builtin_mul_overflow(end_bytes, esize, &end_bytes) ||
+             t.address > std::numeric_limits<std::uint64_t>::max() -
+                             static_cast<std::uint64_t>(end_bytes)) {
+    fail(RuleId::arg_extent,
+         fmt::format("{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}",
+                     name, shape_text(t), stride_text(t), t.storage_offset.count));
+  } else if (t.storage_size && !empty && last >= t.storage_size->count) {
+    fail(RuleId::arg_extent,
+         fmt::format("{} reaches element {} of its allocation, which holds {} elements "
+                     "(shape {}, strides {}, storage_offset {})",
+                     name, last, t.storage_size->count, shape_text(t), stride_text(t),
+                     t.storage_offset.count));
+  }
+  const bool extent_ok = sound;
+
+  const std::uint64_t data =
+      t.address + static_cast<std::uint64_t>(std::max<i64>(t.storage_offset.count, 0)) *
+                      static_cast<std::uint64_t>(esize);
+
+  // Layout rules by kind.
+  if (s.kind == kVector || s.kind == kScalars) {
+    if (t.rank >= 1 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+      fail(RuleId::arg_last_dim_contiguous,
+           fmt::format("`{}` must be contiguous in the last dim.: its last stride is {} "
+                       "(strides {})",
+                       name, t.stride[t.rank - 1], stride_text(t)));
+    if (s.kind == kVector && extent_ok) {
+      if (data % 16 != 0)
+        fail(RuleId::arg_alignment,
+             fmt::format("{} data address {:#x} is not 16-byte aligned (address {:#x} + "
+                         "storage_offset {} x {} bytes)",
+                         name, data, t.address, t.storage_offset.count, esize));
+      for (int d = 0; d + 1 < t.rank; ++d) {
+        if (t.shape[d] > 1 && saturating_mul(t.stride[d], esize) % 16 != 0) {
+          fail(RuleId::arg_alignment,
+               fmt::format("{} stride {} of dim {} is {} bytes, not a multiple of 16", name,
+                           t.stride[d], d, saturating_mul(t.stride[d], esize)));
+          break;
+        }
+      }
+    } else if (data % static_cast<std::uint64_t>(esize) != 0) {
+      fail(RuleId::arg_alignment, fmt::format("{} data address {:#x} is not {}-byte aligned",
+                                              name, data, esize));
+    }
+    if (s.output && extent_ok && !maps_elements_one_to_one(t))
+      fail(RuleId::arg_stride,
+           fmt::format("output {} maps two elements to one address: shape {}, strides {}", name,
+                       shape_text(t), stride_text(t)));
+  } else if (rank_ok) {
+    // A pool: [S, HV, V, K], or the scratch flattened to [S_spec * T_alloc, HV, V, K].
+    const int o = s.kind == kScratch ? 1 : 0;  // index of the slot dim
+    const i64 HV = t.shape[o + 1], V = t.shape[o + 2], K = t.shape[o + 3];
+    const i64 VK = saturating_mul(V, K), slot_size = saturating_mul(HV, VK);
+    const i64 slot = t.stride[o];
+    if (t.stride[o + 1] != VK || t.stride[o + 2] != K || t.stride[o + 3] != 1)
+      fail(RuleId::state_inner_strides,
+           fmt::format("recurrent_kda state inner strides must be compact (V*K, K, 1)=({}, {}, "
+                       "1); got ({}, {}, {}) (only the slot stride may be non-compact) for {}",
+                       VK, K, t.stride[o + 1], t.stride[o + 2], t.stride[o + 3], name));
+    if (slot % 16 != 0)
+      fail(RuleId::state_slot_stride_align,
+           fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} slot "
+                       "stride {} elements must be a multiple of 16",
+                       name, slot));
+    const i64 base_bytes = saturating_mul(t.storage_offset.count, esize);
+    if (base_bytes % 32 != 0 || data % 32 != 0)
+      fail(RuleId::state_base_align,
+           fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} base "
+                       "byte offset {} (data address {:#x}) must be a multiple of 32",
+                       name, base_bytes, data));
+    if (slot < slot_size)
+      fail(RuleId::state_slot_stride_min,
+           fmt::format("{} slot stride {} is smaller than a slot, HV*V*K = {}: slots would "
+                       "overlap",
+                       name, slot, slot_size));
+    if (s.kind == kScratch) {
+      const i64 rows = t.shape[0], steps = t.shape[1];
+      const i64 row_stride = saturating_mul(steps, t.stride[1]);
+      if (rows > 1 && t.stride[0] != row_stride)
+        fail(RuleId::verify_scratch_layout,
+             fmt::format("scratch rows must flatten into steps: stride[0] must be T_alloc * "
+                         "stride[1] = {}; got {}",
+                         row_stride, t.stride[0]));
+      const TensorView* state = ctx.view(Arg::state);
+      if (state && state->dtype != t.dtype)
+        fail(RuleId::verify_scratch_layout,
+             fmt::format("scratch has dtype {}; it must be the state's dtype {}",
+                         dtype_name(t.dtype), dtype_name(state->dtype)));
+    }
+  }
+  ctx.sound[static_cast<std::size_t>(s.arg)] = sound;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Presence, dimensions and scalars
+// ------------------------------------------------------------------------------------------------
+
+void check_presence(const Context& ctx, Report& r) {
+  auto need = [&](Arg a) {
+    if (!ctx.has(a))
+      r.add(RuleId::arg_missing, arg_name(a),
+            fmt::format("{} {} is required and absent", entry_name(ctx.entry), arg_name(a)));
+  };
+  auto one_of = [&](Arg x, Arg y) {
+    if (!ctx.has(x) && !ctx.has(y))
+      r.add(RuleId::arg_missing, arg_name(x),
+            fmt::format("{} needs {} or {}; both are absent", entry_name(ctx.entry), arg_name(x),
+                        arg_name(y)));
+    if (ctx.has(x) && ctx.has(y))
+      r.add(RuleId::arg_exclusive, arg_name(y),
+            fmt::format("give {} or {}, not both", arg_name(x), arg_name(y)));
+  };
+  switch (ctx.entry) {
+    case Entry::decode:
+      for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::state, Arg::cache_indices, Arg::out}) need(a);
+      break;
+    case Entry::prefill:
+      for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::out}) need(a);
+      if (!ctx.has(Arg::initial_state) || !ctx.has(Arg::initial_state_indices))
+        r.add(RuleId::prefill_indexed_pool,
+              ctx.has(Arg::initial_state) ? "initial_state_indices" : "initial_state",
+              fmt::format("KDA prefill requires an indexed initial-state pool: initial_state "
+                          "is {}, initial_state_indices is {}",
+                          ctx.has(Arg::initial_state) ? "given" : "absent",
+                          ctx.has(Arg::initial_state_indices) ? "given" : "absent"));
+      break;
+    case Entry::verify:
+      for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::state, Arg::cache_indices,
+                    Arg::scratch, Arg::out})
+        need(a);
+      break;
+    case Entry::commit:
+      for (Arg a : {Arg::scratch, Arg::state, Arg::cache_indices, Arg::accepted}) need(a);
+      break;
+  }
+  if (ctx.entry != Entry::commit) {
+    one_of(Arg::a, Arg::g);
+    one_of(Arg::b, Arg::beta);
+  }
+  if ((ctx.entry == Entry::verify || ctx.entry == Entry::commit) &&
+      !ctx.has(Arg::scratch_indices) && !ctx.has(Arg::scratch_row_map))
+    r.add(RuleId::arg_missing, "scratch_row_map",
+          "scratch_row_map is required when scratch_indices is absent");
+}
+
+void check_dims_and_scalars(const Context& ctx, Report& r) {
+  const Dims& d = ctx.dims;
+  const Scalars& s = *ctx.scalars;
+  if (ctx.entry != Entry::commit) {
+    if (d.H && d.HV && (*d.H <= 0 || *d.HV <= 0 || *d.HV % *d.H != 0))
+      r.add(RuleId::dims_heads, "v",
+            fmt::format("HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", *d.HV,
+                        *d.H));
+    auto head_dim = [&](std::optional<i64> size, std::string_view which, Arg where) {
+      if (size && *size != 64 && *size != 128)
+        r.add(RuleId::dims_head_dim, arg_name(where),
+              fmt::format("{} must be 64 or 128; got {} ({})", which, *size, arg_name(where)));
+    };
+    head_dim(d.K, "K", Arg::q);
+    head_dim(d.V, "V", Arg::v);
+    if (s.scale && !(std::isfinite(*s.scale) && *s.scale > 0))
+      r.add(RuleId::scalar_scale, "scale",
+            fmt::format("scale must be finite and > 0; got {}", *s.scale));
+    if (s.lower_bound && !(std::isfinite(*s.lower_bound) && *s.lower_bound < 0))
+      r.add(RuleId::scalar_lower_bound, "lower_bound",
+            fmt::format("lower_bound must be finite and < 0; got {}", *s.lower_bound));
+    if (ctx.has(Arg::a) && !ctx.has(Arg::A_log))
+      r.add(RuleId::gate_params, "A_log",
+            "a raw gate a needs A_log to be activated in the kernel; A_log is absent");
+    if (ctx.has(Arg::g) && !ctx.has(Arg::a) && s.lower_bound)
+      r.add(RuleId::gate_params, "lower_bound",
+            fmt::format("lower_bound {} applies to a raw gate a; g is already activated",
+                        *s.lower_bound));
+  }
+  if (ctx.entry == Entry::verify || ctx.entry == Entry::commit) {
+    if (!d.T || *d.T < 1)
+      r.add(RuleId::verify_draft_tokens, "draft_token_num",
+            d.T ? fmt::format("draft_token_num must be >= 1; got {}", *d.T)
+                : std::string("draft_token_num is required"));
+    if (d.T && d.scratch_steps && *d.T > *d.scratch_steps)
+      r.add(RuleId::verify_scratch_steps, "scratch",
+            fmt::format("KDA verify needs {} scratch steps, but intermediate_ssm only has {}.",
+                        *d.T, *d.scratch_steps));
+    if (d.N && d.scratch_rows && *d.scratch_rows < *d.N)
+      r.add(RuleId::verify_scratch_rows, "scratch",
+            fmt::format("scratch has {} rows (S_spec); the call has N = {} rows",
+                        *d.scratch_rows, *d.N));
+  }
+  // A pool with no slots while some row needs one.
+  const Arg pool = ctx.entry == Entry::prefill ? Arg::initial_state : Arg::state;
+  if (d.slots && *d.slots == 0 && d.N && *d.N > 0)
+    r.add(RuleId::state_empty, arg_name(pool),
+          fmt::format("{} has 0 slots; the call has {} rows that need one", arg_name(pool),
+                      *d.N));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Aliasing
+// ------------------------------------------------------------------------------------------------
+
+std::optional<ByteRange> byte_range(const TensorView& t) {
+  if (t.address == 0 || t.numel() == 0) return std::nullopt;  // an allocation of its own
+  const auto span = span_elements(t);
+  const i64 esize = element_size(t.dtype);
+  const std::uint64_t begin = t.address + static_cast<std::uint64_t>(t.storage_offset.count * esize);
+  return ByteRange{begin, begin + static_cast<std::uint64_t>((*span + 1) * esize)};
+}
+
+bool is_output(const Context& ctx, Arg a) {
+  for (const ArgSpec& s : ctx.specs)
+    if (s.arg == a) return s.output;
+  return false;
+}
+
+void check_aliasing(const Context& ctx, Report& r) {
+  std::array<std::optional<ByteRange>, kArgCount> ranges{};
+  for (const ArgSpec& s : ctx.specs)
+    if (ctx.has(s.arg) && ctx.is_sound(s.arg))
+      ranges[static_cast<std::size_t>(s.arg)] = byte_range(*ctx.view(s.arg));
+  for (const ArgSpec& out : ctx.specs) {
+    const auto& mine = ranges[static_cast<std::size_t>(out.arg)];
+    if (!out.output || !mine) continue;
+    for (const ArgSpec& other : ctx.specs) {
+      const auto& theirs = ranges[static_cast<std::size_t>(other.arg)];
+      if (other.arg == out.arg || !theirs) continue;
+      // Two outputs overlapping are reported once, on the first of the pair.
+      if (other.output && static_cast<int>(other.arg) < static_cast<int>(out.arg)) continue;
+      if (mine->begin < theirs->end && theirs->begin < mine->end)
+        r.add(RuleId::alias_overlap, arg_name(out.arg),
+              fmt::format("output {} bytes [{:#x}, {:#x}) overlap {} bytes [{:#x}, {:#x})",
+                          arg_name(out.arg), mine->begin, mine->end, arg_name(other.arg),
+                          theirs->begin, theirs->end));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Value rules
+// ------------------------------------------------------------------------------------------------
+
+// The host copy of an index tensor's values when the tensor is sound and the copy matches it;
+// otherwise the value rules are deferred (or, with a mismatched copy, reported).
+const std::vector<i64>* host_values(const Context& ctx, Arg a, std::span<const RuleId> rules,
+                                    Report& r) {
+  const TensorView* t = ctx.view(a);
+  if (t == nullptr || !ctx.is_sound(a)) return nullptr;
+  if (!t->values) {
+    for (RuleId rule : rules) r.defer(rule, arg_name(a));
+    return nullptr;
+  }
+  if (static_cast<i64>(t->values->size()) != t->numel()) {
+    r.add(RuleId::arg_shape, arg_name(a),
+          fmt::format("{} carries {} host values; the view has {} elements", arg_name(a),
+                      t->values->size(), t->numel()));
+    return nullptr;
+  }
+  return &*t->values;
+}
+
+// index.range and index.unique over the first `rows` entries of a slot map.
+void check_slot_map(std::span<const i64> entries, std::string_view name, i64 num_slots,
+                    bool padding_allowed, Report& r) {
+  std::unordered_set<i64> seen;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const i64 slot = entries[i];
+    if (!padding_allowed && slot == -1) {
+      r.add(RuleId::index_padding, name,
+            fmt::format("{}[{}] is -1, but padding rows are not allowed here", name, i));
+      continue;
+    }
+    if (!value_checks::slot_in_range(slot, num_slots, padding_allowed)) {
+      r.add(RuleId::index_range,
+            name,
+            fmt::format("{}[{}] = {} is outside [{}, {})", name, i, slot, padding_allowed ? -1 : 0,
+                        num_slots));
+      continue;
+    }
+    if (value_checks::is_active(slot) && !seen.insert(slot).second)
+      r.add(RuleId::index_unique, name,
+            fmt::format("{}[{}] = {} names a slot an earlier row already uses", name, i, slot));
+  }
+}
+
+// The value rules each index tensor is subject to, deferred together when its values are absent.
+constexpr std::array kDecodeSeqlensRules = {RuleId::decode_one_token};
+constexpr std::array kRowMapRules = {RuleId::verify_row_map_identity};
+constexpr std::array kAcceptedRules = {RuleId::commit_accepted};
+
+void check_values(const Context& ctx, Report& r) {
+  const Dims& d = ctx.dims;
+  const Entry e = ctx.entry;
+  const i64 rows = d.N.value_or(-1);
+
+  // cu_seqlens.
+  std::optional<std::vector<i64>> row_lengths;
+  if (e == Entry::decode) {
+    if (const auto* cu = host_values(ctx, Arg::cu_seqlens, kDecodeSeqlensRules, r)) {
+      for (std::size_t i = 0; i < cu->size(); ++i) {
+        if ((*cu)[i] != static_cast<i64>(i)) {
+          r.add(RuleId::decode_one_token, "cu_seqlens",
+                fmt::format("decode takes one token per request: cu_seqlens must be 0, 1, ..., "
+                            "B; cu_seqlens[{}] = {}",
+                            i, (*cu)[i]));
+          break;
+        }
+      }
+    }
+  } else {
+    static constexpr std::array kCommitSeqlensRules = {
+        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::verify_row_length};
+    static constexpr std::array kVerifySeqlensRules = {
+        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::seqlens_total,
+        RuleId::verify_row_length};
+    static constexpr std::array kPrefillSeqlensRules = {
+        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::seqlens_total};
+    const std::span<const RuleId> rules = e == Entry::commit   ? std::span<const RuleId>(kCommitSeqlensRules)
+                                          : e == Entry::verify ? std::span<const RuleId>(kVerifySeqlensRules)
+                                                               : std::span<const RuleId>(kPrefillSeqlensRules);
+    if (const auto* cu = host_values(ctx, Arg::cu_seqlens, rules, r); cu && !cu->empty()) {
+      bool monotone = true;
+      if ((*cu)[0] != 0)
+        r.add(RuleId::seqlens_start, "cu_seqlens",
+              fmt::format("cu_seqlens[0] must be 0; got {}", (*cu)[0]));
+      for (std::size_t i = 0; i + 1 < cu->size(); ++i) {
+        if (!value_checks::seqlens_step_ok((*cu)[i], (*cu)[i + 1])) {
+          r.add(RuleId::seqlens_monotone, "cu_seqlens",
+                fmt::format("cu_seqlens decreases: cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", i,
+                            (*cu)[i], i + 1, (*cu)[i + 1]));
+          monotone = false;
+          break;
+        }
+      }
+      if (e != Entry::commit && d.rows && cu->back() != *d.rows)
+        r.add(RuleId::seqlens_total, "cu_seqlens",
+              fmt::format("cu_seqlens[N] must equal T_tot = {} (the rows of q); got {}", *d.rows,
+                          cu->back()));
+      if (monotone) {
+        row_lengths.emplace();
+        for (std::size_t i = 0; i + 1 < cu->size(); ++i)
+          row_lengths->push_back((*cu)[i + 1] - (*cu)[i]);
+      }
+      // An invalid T is verify.draft_tokens' to report; row lengths are judged against a valid one.
+      if (monotone && (e == Entry::verify || e == Entry::commit) && d.T && *d.T >= 1) {
+        for (std::size_t n = 0; n < row_lengths->size(); ++n) {
+          if (!value_checks::row_length_ok(0, (*row_lengths)[n], *d.T)) {
+            r.add(RuleId::verify_row_length, "cu_seqlens",
+                  fmt::format("verify row {} holds {} tokens; at most T = {}", n,
+                              (*row_lengths)[n], *d.T));
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  // Committed slots.
+  const Arg slot_map = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
+  const bool padding_allowed = e != Entry::prefill;
+  static constexpr std::array kPaddedSlotRules = {RuleId::index_range, RuleId::index_unique};
+  static constexpr std::array kUnpaddedSlotRules = {RuleId::index_range, RuleId::index_unique,
+                                                    RuleId::index_padding};
+  const std::span<const RuleId> slot_rules =
+      padding_allowed ? std::span<const RuleId>(kPaddedSlotRules)
+                      : std::span<const RuleId>(kUnpaddedSlotRules);
+  const std::vector<i64>* slots_of_rows = nullptr;
+  if (const auto* values = host_values(ctx, slot_map, slot_rules, r); values && rows >= 0 &&
+      d.slots && static_cast<i64>(values->size()) >= rows) {
+    slots_of_rows = values;
+    check_slot_map(std::span(values->data(), rows), arg_name(slot_map), *d.slots,
+                   padding_allowed, r);
+  }
+
+  if (e != Entry::verify && e != Entry::commit) return;
+
+  // Scratch addressing: explicit indices, or the identity row map.
+  const std::vector<i64>* scratch_indices = nullptr;
+  if (ctx.has(Arg::scratch_indices)) {
+    if (const auto* values = host_values(ctx, Arg::scratch_indices, kPaddedSlotRules, r);
+        values && d.scratch_rows && d.scratch_steps) {
+      scratch_indices = values;
+      check_slot_map(*values, "scratch_indices",
+                     saturating_mul(*d.scratch_rows, *d.scratch_steps), true, r);
+    }
+  } else if (const auto* map = host_values(ctx, Arg::scratch_row_map, kRowMapRules, r);
+             map && rows >= 0 && static_cast<i64>(map->size()) >= rows) {
+    for (i64 n = 0; n < rows; ++n) {
+      if (!value_checks::row_map_entry_ok(n, (*map)[n])) {
+        r.add(RuleId::verify_row_map_identity, "scratch_row_map",
+              fmt::format("KDA verify requires an identity intermediate row-map when "
+                          "scratch_indices is absent: scratch_row_map[{}] = {}, expected {} "
+                          "(pass scratch_indices to use a permuted map)",
+                          n, (*map)[n], n));
+        break;
+      }
+    }
+  }
+
+  if (e != Entry::commit) return;
+  if (const auto* accepted = host_values(ctx, Arg::accepted, kAcceptedRules, r);
+      accepted && d.T && *d.T >= 1) {
+    for (std::size_t n = 0; n < accepted->size(); ++n) {
+      const i64 a = (*accepted)[n];
+      const i64 length = row_lengths && n < row_lengths->size() ? (*row_lengths)[n] : -1;
+      if (!value_checks::accepted_ok(a, *d.T, length)) {
+        r.add(RuleId::commit_accepted, "accepted",
+              length >= 0 && a >= 0 && a <= *d.T
+                  ? fmt::format("accepted[{}] = {} is past row {}'s length {}", n, a, n, length)
+                  : fmt::format("accepted[{}] = {} is outside [0, T = {}]", n, a, *d.T));
+        continue;
+      }
+      const bool active = slots_of_rows && value_checks::is_active((*slots_of_rows)[n]);
+      if (a > 0 && active && scratch_indices && a <= *d.T &&
+          (*scratch_indices)[n * static_cast<std::size_t>(*d.T) + (a - 1)] < 0)
+        r.add(RuleId::commit_accepted, "accepted",
+              fmt::format("accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] "
+                          "is -1 (that step was not written)",
+                          n, a, a - 1, n, n, a - 1));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+
+template <class Call, std::size_t NSpecs>
+Verdict run_validation(const Call& call, const std::array<ArgSpec, NSpecs>& specs) {
+  Report report;
+  Context ctx = make_context(call, specs);
+  derive_dims(ctx);
+  check_presence(ctx, report);
+  for (const ArgSpec& s : specs) check_argument(ctx, s, report);
+  check_dims_and_scalars(ctx, report);
+  check_aliasing(ctx, report);
+  check_values(ctx, report);
+  return std::move(report).finish();
+}
+
+}  // namespace
+
+bool Verdict::breaks(RuleId rule) const {
+  return std::any_of(violations.begin(), violations.end(),
+                     [&](const Violation& v) { return v.rule == rule; });
+}
+
+Verdict validate(const DecodeCall& call) { return run_validation(call, kDecodeSpecs); }
+Verdict validate(const PrefillCall& call) { return run_validation(call, kPrefillSpecs); }
+Verdict validate(const VerifyCall& call) { return run_validation(call, kVerifySpecs); }
+Verdict validate(const CommitCall& call) { return run_validation(call, kCommitSpecs); }
+Verdict validate(const AnyCall& call) {
+  return std::visit([](const auto& c) { return validate(c); }, call);
+}
+
+std::string describe(const Verdict& verdict) {
+  if (verdict.accepted()) return "accepted";
+  std::string text;
+  for (const Violation& v : verdict.violations)
+    text += fmt::format("{} ({}): {}\n", rule_id(v.rule), v.argument, v.message);
+  return text;
+}
+
+}  // namespace kdaguard

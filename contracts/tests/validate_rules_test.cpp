@@ -1,0 +1,340 @@
+// For every rule of the catalogue: a valid call, the smallest change that breaks that rule alone,
+// and the expectation that exactly that rule is reported. The valid calls themselves must pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "example_calls.h"
+#include "kdaguard/contracts/validate.h"
+
+namespace kdaguard {
+namespace {
+
+using namespace examples;
+
+std::set<RuleId> rules_of(const Verdict& v) {
+  std::set<RuleId> rules;
+  for (const Violation& x : v.violations) rules.insert(x.rule);
+  return rules;
+}
+
+TEST(ValidCalls, AreAccepted) {
+  for (const AnyCall& call : {AnyCall(decode()), AnyCall(prefill()), AnyCall(verify()),
+                              AnyCall(commit())}) {
+    const Verdict v = validate(call);
+    EXPECT_TRUE(v.accepted()) << entry_name(entry_of(call)) << ":\n" << describe(v);
+    EXPECT_TRUE(v.deferred.empty()) << "host values were given, nothing should be deferred";
+  }
+}
+
+TEST(ValidCalls, ValueRulesAreDeferredWithoutHostValues) {
+  VerifyCall c = verify();
+  c.cache_indices->values.reset();
+  c.cu_seqlens->values.reset();
+  c.scratch_row_map->values.reset();
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.accepted()) << describe(v);
+  std::set<RuleId> deferred;
+  for (const DeferredCheck& d : v.deferred) deferred.insert(d.rule);
+  EXPECT_EQ(deferred, (std::set<RuleId>{RuleId::index_range, RuleId::index_unique,
+                                        RuleId::seqlens_start, RuleId::seqlens_monotone,
+                                        RuleId::seqlens_total, RuleId::verify_row_length,
+                                        RuleId::verify_row_map_identity}));
+}
+
+struct Case {
+  const char* name;
+  std::function<AnyCall()> make;
+  RuleId rule;
+};
+
+// One or more cases per rule; a test below checks every catalogue rule has one.
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"decode_without_k", [] { auto c = decode(); c.k.reset(); return AnyCall(c); },
+       RuleId::arg_missing},
+      {"decode_without_gate", [] { auto c = decode(); c.a.reset(); c.A_log.reset(); return AnyCall(c); },
+       RuleId::arg_missing},
+      {"verify_without_row_map_or_indices",
+       [] { auto c = verify(); c.scratch_row_map.reset(); return AnyCall(c); }, RuleId::arg_missing},
+      {"decode_with_a_and_g",
+       [] { auto c = decode(); c.g = view(DType::f32, {4, 4, 64}); return AnyCall(c); },
+       RuleId::arg_exclusive},
+      {"decode_k_rank_2",
+       [] { auto c = decode(); c.k = view(DType::bf16, {4, 128}); return AnyCall(c); },
+       RuleId::arg_rank},
+      {"decode_out_wrong_head_dim",
+       [] { auto c = decode(); c.out = view(DType::bf16, {4, 4, 128}); return AnyCall(c); },
+       RuleId::arg_shape},
+      {"decode_negative_size",
+       [] { auto c = decode(); c.k->shape[0] = -4; return AnyCall(c); }, RuleId::arg_shape},
+      {"decode_k_f16_q_bf16",
+       [] { auto c = decode(); c.k->dtype = DType::f16; return AnyCall(c); }, RuleId::arg_dtype},
+      {"decode_state_f16",
+       [] { auto c = decode(); c.state->dtype = DType::f16; return AnyCall(c); }, RuleId::arg_dtype},
+      {"decode_k_on_cpu",
+       [] { auto c = decode(); c.k->device = Device{Device::Kind::cpu, 0}; return AnyCall(c); },
+       RuleId::arg_device},
+      {"decode_q_last_stride_2",
+       [] { auto c = decode(); c.q->stride = {256, 128, 2}; return AnyCall(c); },
+       RuleId::arg_last_dim_contiguous},
+      {"decode_q_negative_stride",
+       [] { auto c = decode(); c.q->stride[0] = -128; return AnyCall(c); }, RuleId::arg_stride},
+      {"decode_out_rows_share_addresses",
+       [] { auto c = decode(); c.out->stride[0] = 0; return AnyCall(c); }, RuleId::arg_stride},
+      {"decode_q_past_its_allocation",
+       [] { auto c = decode(); c.q->storage_size = Elements{4 * 2 * 64 - 1}; return AnyCall(c); },
+       RuleId::arg_extent},
+      {"decode_q_stride_overflows",
+       [] { auto c = decode(); c.q->stride[0] = std::int64_t{1} << 62; return AnyCall(c); },
+       RuleId::arg_extent},
+      {"decode_q_offset_3_elements",
+       [] { auto c = decode(); c.q->storage_offset = Elements{3}; return AnyCall(c); },
+       RuleId::arg_alignment},
+      {"decode_out_overlaps_q",
+       [] {
+         auto c = decode();
+         c.q->address = 4096;
+         c.out->address = 4096;
+         return AnyCall(c);
+       },
+       RuleId::alias_overlap},
+      {"decode_three_qk_heads_for_four_value_heads",
+       [] {
+         auto c = decode();
+         c.q = view(DType::bf16, {4, 3, 64});
+         c.k = view(DType::bf16, {4, 3, 64});
+         return AnyCall(c);
+       },
+       RuleId::dims_heads},
+      {"decode_head_dim_32",
+       [] {
+         Shape s;
+         s.K = 32;
+         return AnyCall(decode(s));
+       },
+       RuleId::dims_head_dim},
+      {"decode_negative_scale",
+       [] { auto c = decode(); c.scalars.scale = -1.0; return AnyCall(c); }, RuleId::scalar_scale},
+      {"decode_nan_scale",
+       [] { auto c = decode(); c.scalars.scale = std::nan(""); return AnyCall(c); },
+       RuleId::scalar_scale},
+      {"decode_positive_lower_bound",
+       [] { auto c = decode(); c.scalars.lower_bound = 0.5; return AnyCall(c); },
+       RuleId::scalar_lower_bound},
+      {"decode_raw_gate_without_A_log",
+       [] { auto c = decode(); c.A_log.reset(); return AnyCall(c); }, RuleId::gate_params},
+      {"decode_activated_gate_with_lower_bound",
+       [] {
+         auto c = decode();
+         c.a.reset();
+         c.g = view(DType::f32, {4, 4, 64});
+         c.scalars.lower_bound = -5.0;
+         return AnyCall(c);
+       },
+       RuleId::gate_params},
+      {"prefill_gate_shorter_than_q",
+       [] { auto c = prefill(); c.a = view(DType::bf16, {9, 4, 64}); return AnyCall(c); },
+       RuleId::gate_cover_tokens},
+      {"prefill_beta_shorter_than_q",
+       [] {
+         auto c = prefill();
+         c.b.reset();
+         c.beta = view(DType::f32, {9, 4});
+         return AnyCall(c);
+       },
+       RuleId::gate_cover_tokens},
+      {"decode_state_rank_2",
+       [] { auto c = decode(); c.state = view(DType::f32, {8, 4 * 64 * 64}); return AnyCall(c); },
+       RuleId::state_rank},
+      {"decode_state_transposed",
+       [] {
+         auto c = decode();
+         std::swap(c.state->stride[2], c.state->stride[3]);
+         return AnyCall(c);
+       },
+       RuleId::state_inner_strides},
+      {"decode_state_slot_stride_not_multiple_of_16",
+       [] { auto c = decode(); c.state->stride[0] = 4 * 64 * 64 + 8; return AnyCall(c); },
+       RuleId::state_slot_stride_align},
+      {"decode_state_16_byte_base_offset",
+       [] { auto c = decode(); c.state->storage_offset = Elements{4}; return AnyCall(c); },
+       RuleId::state_base_align},
+      {"decode_state_slots_overlap",
+       [] { auto c = decode(); c.state->stride[0] = 4 * 64 * 64 - 16; return AnyCall(c); },
+       RuleId::state_slot_stride_min},
+      {"decode_empty_pool",
+       [] {
+         Shape s;
+         s.slots = 0;
+         auto c = decode(s);
+         c.cache_indices->values.reset();
+         return AnyCall(c);
+       },
+       RuleId::state_empty},
+      {"decode_cache_indices_short",
+       [] { auto c = decode(); c.cache_indices = index_view({3, 7, -1}); return AnyCall(c); },
+       RuleId::index_length},
+      {"decode_slot_out_of_range",
+       [] { auto c = decode(); c.cache_indices->values = {{3, 8, -1, 0}}; return AnyCall(c); },
+       RuleId::index_range},
+      {"decode_padding_below_minus_one",
+       [] { auto c = decode(); c.cache_indices->values = {{3, 7, -2, 0}}; return AnyCall(c); },
+       RuleId::index_range},
+      {"decode_slot_twice",
+       [] { auto c = decode(); c.cache_indices->values = {{3, 3, -1, 0}}; return AnyCall(c); },
+       RuleId::index_unique},
+      {"prefill_padding_index",
+       [] { auto c = prefill(); c.initial_state_indices->values = {{2, -1, 4}}; return AnyCall(c); },
+       RuleId::index_padding},
+      {"verify_scratch_indices_out_of_range",
+       [] {
+         auto c = verify();
+         auto si = index_view({0, 1, 2, 3, 4, 5, -1, -1, 8, 9, 10, 16});
+         si.rank = 2;
+         si.shape[0] = 3;
+         si.shape[1] = 4;
+         si.stride[0] = 4;
+         si.stride[1] = 1;
+         c.scratch_indices = si;
+         return AnyCall(c);
+       },
+       RuleId::index_range},
+      {"prefill_cu_seqlens_start_1",
+       [] { auto c = prefill(); c.cu_seqlens->values = {{1, 4, 4, 10}}; return AnyCall(c); },
+       RuleId::seqlens_start},
+      {"prefill_cu_seqlens_decrease",
+       [] { auto c = prefill(); c.cu_seqlens->values = {{0, 5, 4, 10}}; return AnyCall(c); },
+       RuleId::seqlens_monotone},
+      {"prefill_cu_seqlens_total_9",
+       [] { auto c = prefill(); c.cu_seqlens->values = {{0, 4, 4, 9}}; return AnyCall(c); },
+       RuleId::seqlens_total},
+      {"decode_cu_seqlens_two_tokens",
+       [] { auto c = decode(); c.cu_seqlens = index_view({0, 1, 2, 3, 5}); return AnyCall(c); },
+       RuleId::decode_one_token},
+      {"prefill_without_pool",
+       [] { auto c = prefill(); c.initial_state.reset(); return AnyCall(c); },
+       RuleId::prefill_indexed_pool},
+      {"prefill_without_indices",
+       [] { auto c = prefill(); c.initial_state_indices.reset(); return AnyCall(c); },
+       RuleId::prefill_indexed_pool},
+      {"verify_zero_draft_tokens",
+       [] { auto c = verify(); c.scalars.draft_token_num = 0; return AnyCall(c); },
+       RuleId::verify_draft_tokens},
+      {"verify_more_draft_tokens_than_scratch_steps",
+       [] { auto c = verify(); c.scalars.draft_token_num = 5; return AnyCall(c); },
+       RuleId::verify_scratch_steps},
+      {"verify_scratch_bf16_state_f32",
+       [] { auto c = verify(); c.scratch->dtype = DType::bf16; return AnyCall(c); },
+       RuleId::verify_scratch_layout},
+      {"verify_scratch_rows_do_not_flatten",
+       [] { auto c = verify(); c.scratch->stride[0] += 64; return AnyCall(c); },
+       RuleId::verify_scratch_layout},
+      {"verify_two_scratch_rows_for_three",
+       [] {
+         auto c = verify();
+         c.scratch = scratch(verify_shape(), 2, 4);
+         return AnyCall(c);
+       },
+       RuleId::verify_scratch_rows},
+      {"verify_row_of_five",
+       [] { auto c = verify(); c.cu_seqlens->values = {{0, 5, 6, 9}}; return AnyCall(c); },
+       RuleId::verify_row_length},
+      {"verify_permuted_row_map",
+       [] { auto c = verify(); c.scratch_row_map->values = {{1, 0, 2, 3}}; return AnyCall(c); },
+       RuleId::verify_row_map_identity},
+      {"verify_scratch_indices_wrong_shape",
+       [] {
+         auto c = verify();
+         c.scratch_indices = TensorView::contiguous(DType::i32, {3, 3});
+         return AnyCall(c);
+       },
+       RuleId::verify_scratch_indices},
+      {"verify_scratch_indices_i64",
+       [] {
+         auto c = verify();
+         c.scratch_indices = TensorView::contiguous(DType::i64, {3, 4});
+         return AnyCall(c);
+       },
+       RuleId::verify_scratch_indices},
+      {"commit_accepts_five_of_four",
+       [] { auto c = commit(); c.accepted->values = {{5, 0, 3}}; return AnyCall(c); },
+       RuleId::commit_accepted},
+      {"commit_accepts_past_row_length",
+       [] {
+         auto c = commit();
+         c.cu_seqlens = index_view({0, 1, 3, 6});
+         return AnyCall(c);
+       },
+       RuleId::commit_accepted},
+  };
+  return all;
+}
+
+class SingleRule : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SingleRule, BreaksExactlyThatRule) {
+  const Case& c = GetParam();
+  const Verdict v = validate(c.make());
+  EXPECT_EQ(rules_of(v), std::set<RuleId>{c.rule}) << describe(v);
+  for (const Violation& x : v.violations) {
+    EXPECT_FALSE(x.argument.empty());
+    EXPECT_FALSE(x.message.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, SingleRule, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(SingleRule, EveryRuleHasACase) {
+  std::set<RuleId> covered;
+  for (const Case& c : cases()) covered.insert(c.rule);
+  for (const RuleInfo& r : rule_catalogue()) EXPECT_TRUE(covered.count(r.rule)) << r.id;
+}
+
+TEST(Validate, ReportsEveryViolationInADeterministicOrder) {
+  auto c = decode();
+  c.k.reset();
+  c.state->stride[0] = 4 * 64 * 64 + 8;
+  c.scalars.scale = 0.0;
+  c.cache_indices->values = {{3, 3, -1, 0}};
+  const Verdict first = validate(c);
+  const Verdict second = validate(c);
+  ASSERT_EQ(first.violations.size(), 4u) << describe(first);
+  EXPECT_EQ(first.violations[0].rule, RuleId::arg_missing);
+  EXPECT_EQ(first.violations[1].rule, RuleId::scalar_scale);
+  EXPECT_EQ(first.violations[2].rule, RuleId::state_slot_stride_align);
+  EXPECT_EQ(first.violations[3].rule, RuleId::index_unique);
+  EXPECT_EQ(describe(first), describe(second));
+}
+
+TEST(Validate, VerdictDependsOnContentsNotOnAddress) {
+  // Same addresses, other values: other verdict (no caching by identity).
+  auto c = decode();
+  c.cache_indices->address = 0x10000;
+  EXPECT_TRUE(validate(c).accepted());
+  c.cache_indices->values = {{3, 3, -1, 0}};
+  EXPECT_FALSE(validate(c).accepted());
+  c.cache_indices->values = {{3, 7, -1, 0}};
+  EXPECT_TRUE(validate(c).accepted());
+}
+
+TEST(Validate, AbsurdNumbersAreErrorsNotCrashes) {
+  auto c = decode();
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  c.q->shape = {big, big, big};
+  c.v->shape[1] = big;
+  c.state->stride = {big, big, big, big};
+  c.state->storage_offset = Elements{big};
+  c.out->address = ~std::uint64_t{0} - 8;
+  const Verdict v = validate(c);
+  EXPECT_FALSE(v.accepted());
+  EXPECT_TRUE(v.breaks(RuleId::arg_extent)) << describe(v);
+}
+
+}  // namespace
+}  // namespace kdaguard
