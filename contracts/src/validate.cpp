@@ -49,6 +49,7 @@ class Report {
     // Test-only build: pretend one rule's check was removed (scripts/knockout.sh).
     if (const char* id = std::getenv("KDAGUARD_KNOCKOUT_RULE")) knocked_out_ = rule_from_id(id);
 #endif
+    verdict_.deferred.reserve(8);  // a call without host values defers a handful of value rules
   }
 
   void add(RuleId rule, std::string_view argument, std::string message) {
@@ -60,14 +61,9 @@ class Report {
   }
 
   Verdict finish() && {
-    auto by_rule_then_argument = [](const auto& x, const auto& y) {
-      if (x.rule != y.rule) return x.rule < y.rule;
-      return argument_order(x.argument) < argument_order(y.argument);
-    };
-    std::stable_sort(verdict_.violations.begin(), verdict_.violations.end(),
-                     by_rule_then_argument);
+    sort_by_rule_then_argument(verdict_.violations);
     auto& d = verdict_.deferred;
-    std::stable_sort(d.begin(), d.end(), by_rule_then_argument);
+    sort_by_rule_then_argument(d);
     d.erase(std::unique(d.begin(), d.end(),
                         [](const auto& x, const auto& y) {
                           return x.rule == y.rule && x.argument == y.argument;
@@ -77,6 +73,27 @@ class Report {
   }
 
  private:
+  // Entries come out of the checks mostly in order; sorting, when needed, uses keys computed once
+  // per entry (argument names map to their Arg position).
+  template <class Entry> static void sort_by_rule_then_argument(std::vector<Entry>& entries) {
+    auto key_less = [](const Entry& x, const Entry& y) {
+      if (x.rule != y.rule) return x.rule < y.rule;
+      return argument_order(x.argument) < argument_order(y.argument);
+    };
+    if (std::is_sorted(entries.begin(), entries.end(), key_less)) return;
+    std::vector<std::pair<int, std::size_t>> keys(entries.size());
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      keys[i] = {static_cast<int>(entries[i].rule) * (kArgCount + 1) +
+                     argument_order(entries[i].argument),
+                 i};
+    std::stable_sort(keys.begin(), keys.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<Entry> sorted;
+    sorted.reserve(entries.size());
+    for (const auto& key : keys) sorted.push_back(std::move(entries[key.second]));
+    entries = std::move(sorted);
+  }
+
   Verdict verdict_;
   std::optional<RuleId> knocked_out_;
 };
@@ -691,9 +708,15 @@ bool is_output(const Context& ctx, Arg a) {
 
 void check_aliasing(const Context& ctx, Report& r) {
   std::array<std::optional<ByteRange>, kArgCount> ranges{};
-  for (const ArgSpec& s : ctx.specs)
-    if (ctx.has(s.arg) && ctx.is_sound(s.arg))
-      ranges[static_cast<std::size_t>(s.arg)] = byte_range(*ctx.view(s.arg));
+  bool some_output_has_a_place = false;  // views without an address are allocations of their own
+  for (const ArgSpec& s : ctx.specs) {
+    if (ctx.has(s.arg) && ctx.is_sound(s.arg)) {
+      auto& range = ranges[static_cast<std::size_t>(s.arg)];
+      range = byte_range(*ctx.view(s.arg));
+      some_output_has_a_place |= s.output && range.has_value();
+    }
+  }
+  if (!some_output_has_a_place) return;
   for (const ArgSpec& out : ctx.specs) {
     const auto& mine = ranges[static_cast<std::size_t>(out.arg)];
     if (!out.output || !mine) continue;

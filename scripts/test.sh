@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command (README, CI): installs what is missing, builds, and runs every test that needs
+# no GPU (unit, property, fuzz corpus replay), then a short sanitizer fuzz run per target in the
+# fuzz preset. GPU tests are reported skipped where there is no device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh
+
+echo "== build (default preset)"
+cmake --preset default
+cmake --build --preset default -j"$jobs"
+
+echo "== tests (default preset)"
+ctest --preset default -j"$jobs"
+
+echo "== fuzz smoke runs (clang 14, ASan + UBSan)"
+cmake --preset fuzz
+cmake --build --preset fuzz -j"$jobs"
+ctest --preset fuzz -L fuzz -j"$jobs"
