@@ -1,0 +1,106 @@
+// kdaguard: the rule catalogue and the checking of call descriptions, on the command line.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "kdaguard/callio.h"
+
+namespace {
+
+constexpr int kExitMalformed = 2;  // also for usage errors and unreadable files: nothing was judged
+
+bool read_all(const std::string& path, std::string& text, std::string& problem) {
+  if (path == "-") {
+    std::ostringstream buffer;
+    buffer << std::cin.rdbuf();
+    text = std::move(buffer).str();
+    if (std::cin.bad()) {
+      problem = "cannot read standard input";
+      return false;
+    }
+    return true;
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    problem = "cannot open " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  if (file.bad()) {
+    problem = "cannot read " + path;
+    return false;
+  }
+  return true;
+}
+
+// Every line of `err` prefixed with the input's name, the way compilers name their file.
+void print_problems(const std::string& source, const std::string& err) {
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) std::cerr << source << ": " << line << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kdaguard: the preconditions of the Kimi Delta Attention kernels (decode, prefill, "
+               "verify, commit), listed and checked.",
+               "kdaguard"};
+  app.set_version_flag("--version", std::string("kdaguard ") + KDAGUARD_VERSION);
+  app.require_subcommand(1);
+
+  CLI::App* rules = app.add_subcommand(
+      "rules", "Print the rule catalogue: id, tier, entry points and meaning of every rule.");
+  bool as_json = false;
+  bool as_markdown = false;
+  CLI::Option* json_flag =
+      rules->add_flag("--json", as_json, "as JSON: {\"rules\": [{id, tier, entry_points, meaning}]}");
+  CLI::Option* markdown_flag =
+      rules->add_flag("--markdown", as_markdown, "as a Markdown table (the README's rule table)");
+  json_flag->excludes(markdown_flag);
+
+  CLI::App* check = app.add_subcommand(
+      "check", "Judge call descriptions (JSON, see call-format.md): one verdict per call, as one "
+               "line of JSON on standard output.");
+  std::string path;
+  check->add_option("FILE", path, "a call object, a JSON array of calls, or JSON Lines; - reads "
+                                  "standard input")
+      ->required();
+  check->footer(
+      "Exit status: 0 every call accepted; 1 some call rejected; 2 the description itself is\n"
+      "malformed (bad JSON, unknown field, wrong type), with a message on standard error that says\n"
+      "where. When one call of many is malformed, the others are still judged and printed, and\n"
+      "the exit status is 2.");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);  // prints help, the version, or the usage error
+    return code == 0 ? 0 : kExitMalformed;
+  }
+
+  if (*rules) {
+    std::cout << (as_json ? kdaguard::callio::rules_json()
+                  : as_markdown ? kdaguard::callio::rules_markdown()
+                                : kdaguard::callio::rules_text());
+    return 0;
+  }
+
+  const std::string source = path == "-" ? std::string("<stdin>") : path;
+  std::string text;
+  std::string problem;
+  if (!read_all(path, text, problem)) {
+    std::cerr << "kdaguard check: " << problem << "\n";
+    return kExitMalformed;
+  }
+  const kdaguard::callio::CheckOutcome outcome = kdaguard::callio::check_document(text);
+  std::cout << outcome.out << std::flush;
+  print_problems(source, outcome.err);
+  return outcome.exit_code;
+}
