@@ -54,29 +54,24 @@ class Report {
 
   void add(RuleId rule, std::string_view argument, std::string message) {
     if (knocked_out_ == rule) return;
-    verdict_.violations.push_back({rule, std::string(argument), std::move(message)});
+    verdict_.violations.push_back({rule, argument, std::move(message)});
   }
   void defer(RuleId rule, std::string_view argument) {
-    verdict_.deferred.push_back({rule, std::string(argument)});
+    verdict_.deferred.push_back({rule, argument});
   }
 
+  // Violations are sorted into catalogue order (the failure path only); deferred checks keep the
+  // fixed order in which the checks run, one entry per (rule, argument).
   Verdict finish() && {
     sort_by_rule_then_argument(verdict_.violations);
-    auto& d = verdict_.deferred;
-    sort_by_rule_then_argument(d);
-    d.erase(std::unique(d.begin(), d.end(),
-                        [](const auto& x, const auto& y) {
-                          return x.rule == y.rule && x.argument == y.argument;
-                        }),
-            d.end());
     return std::move(verdict_);
   }
 
  private:
-  // Entries come out of the checks mostly in order; sorting, when needed, uses keys computed once
-  // per entry (argument names map to their Arg position).
-  template <class Entry> static void sort_by_rule_then_argument(std::vector<Entry>& entries) {
-    auto key_less = [](const Entry& x, const Entry& y) {
+  // Violations come out of the checks mostly in order; sorting, when needed, uses keys computed
+  // once per entry (argument names map to their Arg position).
+  static void sort_by_rule_then_argument(std::vector<Violation>& entries) {
+    auto key_less = [](const Violation& x, const Violation& y) {
       if (x.rule != y.rule) return x.rule < y.rule;
       return argument_order(x.argument) < argument_order(y.argument);
     };
@@ -88,7 +83,7 @@ class Report {
                  i};
     std::stable_sort(keys.begin(), keys.end(),
                      [](const auto& x, const auto& y) { return x.first < y.first; });
-    std::vector<Entry> sorted;
+    std::vector<Violation> sorted;
     sorted.reserve(entries.size());
     for (const auto& key : keys) sorted.push_back(std::move(entries[key.second]));
     entries = std::move(sorted);
@@ -318,6 +313,33 @@ std::optional<i64> span_elements(const TensorView& t) {
   return last;
 }
 
+// One pass over the dims: what every per-argument check needs to know about sizes and strides.
+struct DimScan {
+  int negative_size_dim = -1;
+  int negative_stride_dim = -1;
+  bool empty = false;          // some size is 0
+  std::optional<i64> span;     // largest element offset; nullopt on overflow or negative input
+};
+
+DimScan scan_dims(const TensorView& t) {
+  DimScan scan;
+  i64 last = 0;
+  bool overflow = false;
+  for (int d = 0; d < t.rank; ++d) {
+    const i64 size = t.shape[d], stride = t.stride[d];
+    if (size < 0 && scan.negative_size_dim < 0) scan.negative_size_dim = d;
+    if (stride < 0 && scan.negative_stride_dim < 0) scan.negative_stride_dim = d;
+    if (size == 0) scan.empty = true;
+    i64 step = 0;
+    overflow |= size > 0 && (__builtin_mul_overflow(size - 1, stride, &step) ||
+                             __builtin_add_overflow(last, step, &last));
+  }
+  if (scan.empty) scan.span = 0;
+  else if (!overflow && scan.negative_size_dim < 0 && scan.negative_stride_dim < 0)
+    scan.span = last;
+  return scan;
+}
+
 struct ByteRange {
   std::uint64_t begin = 0, end = 0;  // [begin, end), absolute
 };
@@ -426,13 +448,12 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
     ctx.sound[static_cast<std::size_t>(s.arg)] = false;
     return;
   }
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] < 0) {
-      fail(RuleId::arg_shape,
-           fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
-      ctx.sound[static_cast<std::size_t>(s.arg)] = false;
-      return;
-    }
+  const DimScan scan = scan_dims(t);
+  if (scan.negative_size_dim >= 0) {
+    const int d = scan.negative_size_dim;
+    fail(RuleId::arg_shape, fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
+    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
+    return;
   }
 
   // Sizes against the call's dimensions.
@@ -472,21 +493,19 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
          fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
 
   // Strides: never negative.
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.stride[d] < 0) {
-      fail(RuleId::arg_stride,
-           fmt::format("{} has a negative stride {} in dim {}; strides {}", name, t.stride[d], d,
-                       stride_text(t)));
-      ctx.sound[static_cast<std::size_t>(s.arg)] = false;
-      return;
-    }
+  if (scan.negative_stride_dim >= 0) {
+    const int d = scan.negative_stride_dim;
+    fail(RuleId::arg_stride, fmt::format("{} has a negative stride {} in dim {}; strides {}", name,
+                                         t.stride[d], d, stride_text(t)));
+    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
+    return;
   }
 
   // Extent: the whole view inside 64-bit arithmetic and inside its allocation.
   const i64 esize = element_size(t.dtype);
-  const auto span = span_elements(t);
+  const std::optional<i64>& span = scan.span;
   i64 last = 0, end_bytes = 0;
-  const bool empty = t.numel() == 0;
+  const bool empty = scan.empty;
   if (t.storage_offset.count < 0) {
     fail(RuleId::arg_extent, fmt::format("{} starts before its allocation: storage_offset {}",
                                          name, t.storage_offset.count));
@@ -707,16 +726,15 @@ bool is_output(const Context& ctx, Arg a) {
 }
 
 void check_aliasing(const Context& ctx, Report& r) {
+  // Views without an address are allocations of their own: only placed outputs can overlap.
+  const bool some_output_is_placed = std::any_of(ctx.specs.begin(), ctx.specs.end(), [&](const ArgSpec& s) {
+    return s.output && ctx.has(s.arg) && ctx.view(s.arg)->address != 0;
+  });
+  if (!some_output_is_placed) return;
   std::array<std::optional<ByteRange>, kArgCount> ranges{};
-  bool some_output_has_a_place = false;  // views without an address are allocations of their own
-  for (const ArgSpec& s : ctx.specs) {
-    if (ctx.has(s.arg) && ctx.is_sound(s.arg)) {
-      auto& range = ranges[static_cast<std::size_t>(s.arg)];
-      range = byte_range(*ctx.view(s.arg));
-      some_output_has_a_place |= s.output && range.has_value();
-    }
-  }
-  if (!some_output_has_a_place) return;
+  for (const ArgSpec& s : ctx.specs)
+    if (ctx.has(s.arg) && ctx.is_sound(s.arg))
+      ranges[static_cast<std::size_t>(s.arg)] = byte_range(*ctx.view(s.arg));
   for (const ArgSpec& out : ctx.specs) {
     const auto& mine = ranges[static_cast<std::size_t>(out.arg)];
     if (!out.output || !mine) continue;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kdaguard/contracts/call.h"
@@ -13,19 +14,21 @@ namespace kdaguard {
 
 struct Violation {
   RuleId rule;
-  std::string argument;  // the argument or scalar the rule fired on ("q", "scale", ...)
+  std::string_view argument;  // the argument or scalar the rule fired on ("q", "scale", ...);
+                              // always a name with static storage
+
   std::string message;   // names the argument and shows the expected and the actual value
 };
 
 // A value rule left to the device because `argument` carries no host copy of its values.
 struct DeferredCheck {
   RuleId rule;
-  std::string argument;
+  std::string_view argument;  // static storage, like Violation::argument
 };
 
 struct Verdict {
-  std::vector<Violation> violations;   // sorted by (catalogue order, argument order, message)
-  std::vector<DeferredCheck> deferred;  // sorted likewise, no duplicates
+  std::vector<Violation> violations;   // sorted by (catalogue order, argument order)
+  std::vector<DeferredCheck> deferred;  // in the fixed order the checks run, no duplicates
 
   bool accepted() const { return violations.empty(); }
   bool breaks(RuleId rule) const;
