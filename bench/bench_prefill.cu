@@ -1,0 +1,217 @@
+// Prefill benchmarks (performance.md): K = V = 128, bf16 inputs, f32 state, raw gate with
+// lower_bound -5, beta logits and the L2 norm in the kernel, through the public entry point
+// (validation included, host copies of the index values so no guard kernel runs).
+// Shapes: T in {512, 8192, 32768} x H in {32, 64} x B in {1, 2}, and 10 ragged sequences summing
+// to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
+// ceiling is measured by the same binary (BM_CopyCeiling).
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <vector>
+
+#include "kdaguard/kda.h"
+
+namespace {
+
+using kdaguard::Device;
+using kdaguard::DType;
+using kdaguard::TensorView;
+
+#define CHECK_CUDA(expr)                                                                       \
+  do {                                                                                         \
+    const cudaError_t e_ = (expr);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));                  \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+// Fills n 16-bit (bf16) or f32 elements with hash noise in [lo, hi): never zeros.
+__global__ void fill_uniform(void* data, std::int64_t n, bool bf16, float lo, float hi,
+                             std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    x *= 3266489917u;
+    x ^= x >> 16;
+    const float u = lo + (hi - lo) * (static_cast<float>(x >> 8) + 0.5f) * (1.0f / 16777216.0f);
+    if (bf16) {
+      const std::uint32_t bits = __float_as_uint(u);
+      static_cast<std::uint16_t*>(data)[i] = static_cast<std::uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    } else {
+      static_cast<float*>(data)[i] = u;
+    }
+  }
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+TensorView device_view(DType dtype, std::vector<std::int64_t> shape, const DeviceBuffer& b) {
+  TensorView t = TensorView::contiguous(dtype, shape);
+  t.device = Device{Device::Kind::cuda, 0};
+  t.address = reinterpret_cast<std::uint64_t>(b.ptr);
+  return t;
+}
+
+void fill(const DeviceBuffer& b, std::int64_t n, DType dtype, float lo, float hi, std::uint32_t seed) {
+  fill_uniform<<<1024, 256>>>(b.ptr, n, dtype == DType::bf16, lo, hi, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+// One prefill problem on the device and the call that describes it.
+struct PrefillProblem {
+  static constexpr int K = 128, V = 128;
+  std::int64_t T = 0;
+  int H = 0;
+  std::vector<std::int64_t> cu;
+  DeviceBuffer q, k, v, a, b, A_log, dt_bias, state, out, cu_dev, idx_dev;
+  kdaguard::PrefillCall call;
+
+  PrefillProblem(std::vector<std::int64_t> lens, int heads)
+      : T(std::accumulate(lens.begin(), lens.end(), std::int64_t{0})),
+        H(heads),
+        cu(offsets(lens)),
+        q(T * H * K * 2), k(T * H * K * 2), v(T * H * V * 2), a(T * H * K * 2), b(T * H * 2),
+        A_log(H * 4), dt_bias(H * K * 4), state(lens.size() * H * V * K * 4), out(T * H * V * 2),
+        cu_dev(cu.size() * 4), idx_dev(lens.size() * 4) {
+    const auto N = static_cast<std::int64_t>(lens.size());
+    fill(q, T * H * K, DType::bf16, -1.f, 1.f, 1);
+    fill(k, T * H * K, DType::bf16, -1.f, 1.f, 2);
+    fill(v, T * H * V, DType::bf16, -1.f, 1.f, 3);
+    fill(a, T * H * K, DType::bf16, -4.f, 4.f, 4);
+    fill(b, T * H, DType::bf16, -3.f, 3.f, 5);
+    fill(A_log, H, DType::f32, -0.5f, 0.5f, 6);
+    fill(dt_bias, H * K, DType::f32, -6.f, -2.f, 7);
+    fill(state, N * H * V * K, DType::f32, -0.1f, 0.1f, 8);
+    std::vector<std::int32_t> cu32(cu.begin(), cu.end()), idx(static_cast<std::size_t>(N));
+    std::iota(idx.begin(), idx.end(), 0);
+    CHECK_CUDA(cudaMemcpy(cu_dev.ptr, cu32.data(), cu32.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(idx_dev.ptr, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+
+    call.device = Device{Device::Kind::cuda, 0};
+    call.q = device_view(DType::bf16, {T, H, K}, q);
+    call.k = device_view(DType::bf16, {T, H, K}, k);
+    call.v = device_view(DType::bf16, {T, H, V}, v);
+    call.a = device_view(DType::bf16, {T, H, K}, a);
+    call.b = device_view(DType::bf16, {T, H}, b);
+    call.A_log = device_view(DType::f32, {H}, A_log);
+    call.dt_bias = device_view(DType::f32, {H * K}, dt_bias);
+    call.initial_state = device_view(DType::f32, {N, H, V, K}, state);
+    call.out = device_view(DType::bf16, {T, H, V}, out);
+    call.cu_seqlens = device_view(DType::i32, {N + 1}, cu_dev);
+    call.cu_seqlens->values = cu;
+    call.initial_state_indices = device_view(DType::i32, {N}, idx_dev);
+    call.initial_state_indices->values = std::vector<std::int64_t>(idx.begin(), idx.end());
+    call.scalars.lower_bound = -5.0;
+    call.scalars.use_qk_l2norm = true;
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+
+  static std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& lens) {
+    std::vector<std::int64_t> cu{0};
+    for (std::int64_t l : lens) cu.push_back(cu.back() + l);
+    return cu;
+  }
+};
+
+void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H) {
+  PrefillProblem p(std::move(lens), H);
+  const kdaguard::Status first = kdaguard::gpu::prefill(p.call);
+  if (!first.ok()) {
+    state.SkipWithError(kdaguard::to_string(first).c_str());
+    return;
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (auto _ : state) {
+    CHECK_CUDA(cudaEventRecord(start));
+    const kdaguard::Status s = kdaguard::gpu::prefill(p.call);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    if (!s.ok()) {
+      state.SkipWithError(kdaguard::to_string(s).c_str());
+      break;
+    }
+    float ms = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  const double token_heads = static_cast<double>(p.T) * H;
+  state.counters["token_heads_per_s"] =
+      benchmark::Counter(token_heads, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["T_tot"] = static_cast<double>(p.T);
+  state.counters["H"] = H;
+}
+
+void BM_Prefill(benchmark::State& state) {
+  const std::int64_t T = state.range(0);
+  const int H = static_cast<int>(state.range(1));
+  const auto B = static_cast<std::size_t>(state.range(2));
+  run_prefill(state, std::vector<std::int64_t>(B, T), H);
+}
+
+// 10 ragged sequences summing to 8192.
+void BM_PrefillRagged(benchmark::State& state) {
+  run_prefill(state, {1500, 37, 900, 1, 2048, 640, 113, 1200, 753, 1000},
+              static_cast<int>(state.range(0)));
+}
+
+// The bandwidth ceiling of this GPU in this run: a 2 GiB device-to-device copy.
+void BM_CopyCeiling(benchmark::State& state) {
+  const std::size_t bytes = std::size_t{1} << 31;
+  DeviceBuffer src(bytes), dst(bytes);
+  fill(src, static_cast<std::int64_t>(bytes / 4), DType::f32, -1.f, 1.f, 9);
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (auto _ : state) {
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+  }
+  state.counters["TB_per_s"] = benchmark::Counter(2.0 * bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+BENCHMARK(BM_CopyCeiling)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
+BENCHMARK(BM_Prefill)
+    ->ArgsProduct({{512, 8192, 32768}, {32, 64}, {1, 2}})
+    ->ArgNames({"T", "H", "B"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PrefillRagged)
+    ->ArgsProduct({{32, 64}})
+    ->ArgNames({"H"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK_MAIN();

@@ -1,0 +1,183 @@
+// Device building blocks of the prefill kernels: where a sequence lives and whether it may run,
+// the gate and beta activations, and thin wrappers over the Hopper warp-level instructions the
+// chunked kernel uses (ldmatrix, mma.sync m16n8k16 bf16 with f32 accumulation, cp.async).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "device_common.cuh"
+#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/params.h"
+#include "launch.h"
+
+namespace kdaguard::gpu::prefill {
+
+using detail::GuardState;
+namespace vc = kdaguard::value_checks;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- sequences ------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::int64_t seq_offset(const PrefillParams& p, std::int64_t i) {
+  return p.cu_seqlens_dtype == DType::i64 ? static_cast<const std::int64_t*>(p.cu_seqlens)[i]
+                                          : static_cast<const std::int32_t*>(p.cu_seqlens)[i];
+}
+
+// Sequence n's tokens and slot. A sequence whose offsets or slot break a value rule (seen here on
+// the device, whether or not a guard ran before) is skipped: `runs` is false and the rule's bit
+// is raised once per sequence. Every memory access of a running sequence stays inside the
+// buffers: its tokens lie in [0, total_tokens) and its slot in [0, num_slots).
+struct Sequence {
+  std::int64_t begin = 0, length = 0, slot = 0;
+  bool runs = false;
+};
+
+// The value rules sequence n breaks on its own: its offsets and its slot.
+__device__ __forceinline__ std::uint64_t sequence_faults(const PrefillParams& p, std::int32_t n) {
+  const std::int64_t begin = seq_offset(p, n), end = seq_offset(p, n + 1);
+  std::uint64_t faults = 0;
+  if (n == 0 && begin != 0) faults |= vc::rule_bit(RuleId::seqlens_start);
+  if (n == p.num_seqs - 1 && end != p.total_tokens) faults |= vc::rule_bit(RuleId::seqlens_total);
+  if (!vc::seqlens_step_ok(begin, end) || begin < 0 || end > p.total_tokens)
+    faults |= vc::rule_bit(RuleId::seqlens_monotone);
+  const std::int64_t slot = p.state_indices[n];
+  if (!vc::slot_in_range(slot, p.state.num_slots, /*padding_allowed=*/false))
+    faults |= vc::rule_bit(slot == -1 ? RuleId::index_padding : RuleId::index_range);
+  return faults;
+}
+
+__device__ __forceinline__ Sequence resolve_sequence(const PrefillParams& p, std::int32_t n,
+                                                     const GuardState& guard, bool report) {
+  Sequence s;
+  if (const std::uint64_t faults = sequence_faults(p, n); faults != 0) {
+    if (report) detail::raise(guard.error_word, faults);
+    return s;
+  }
+  if (guard.row_flags != nullptr && guard.row_flags[n] != 0) return s;
+  s.begin = seq_offset(p, n);
+  s.length = seq_offset(p, n + 1) - s.begin;
+  s.slot = p.state_indices[n];
+  s.runs = true;
+  return s;
+}
+
+// ---- gates and beta (kda-math.md "Gate and beta"), f32 ----------------------------------------
+
+struct GateConstants {
+  GateKind kind;
+  float rate;         // exp(A_log[hv]) for raw gates
+  float lower_bound;  // bounded gate
+};
+
+__device__ __forceinline__ GateConstants gate_constants(const TokenInputs& in, int hv) {
+  GateConstants c;
+  c.kind = in.gate_kind;
+  c.rate = in.gate_kind == GateKind::activated ? 0.f : expf(in.A_log[hv]);
+  c.lower_bound = in.lower_bound;
+  return c;
+}
+
+// g from the raw value `a` of channel k (dt_bias already added by the caller for raw gates).
+// Fast intrinsics: their absolute error on g is ~1e-6, far below the bf16 operand rounding.
+__device__ __forceinline__ float activate_gate_fast(const GateConstants& c, float x) {
+  switch (c.kind) {
+    case GateKind::softplus: return -c.rate * (x > 20.f ? x : __logf(1.f + __expf(x)));
+    case GateKind::bounded: return c.lower_bound * __frcp_rn(1.f + __expf(-c.rate * x));
+    default: return x;
+  }
+}
+
+// The same in full f32 accuracy, for the f32 path.
+__device__ __forceinline__ float activate_gate_exact(const GateConstants& c, float x) {
+  switch (c.kind) {
+    case GateKind::softplus: return -c.rate * (x > 20.f ? x : log1pf(expf(x)));
+    case GateKind::bounded: return c.lower_bound / (1.f + expf(-c.rate * x));
+    default: return x;
+  }
+}
+
+__device__ __forceinline__ float activate_beta(BetaKind kind, float b) {
+  return kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
+}
+
+// ---- 16-bit element conversions by run-time dtype --------------------------------------------
+
+__device__ __forceinline__ float half_bits_to_f32(std::uint16_t bits, DType dtype) {
+  if (dtype == DType::bf16) return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  return __half2float(__ushort_as_half(bits));
+}
+
+// Two f32 values rounded to the 16-bit io dtype, `lo` in the low half (the lower address).
+__device__ __forceinline__ std::uint32_t pack_io(float lo, float hi, DType dtype) {
+  if (dtype == DType::bf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// ---- warp-level matrix instructions ----------------------------------------------------------
+// Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * group + quad.
+//   A (16x16, row major): a0 = A[group][2q..], a1 = A[group+8][2q..], a2 = A[group][8+2q..],
+//                         a3 = A[group+8][8+2q..]
+//   B (16x8):             b0 = B[2q..][group], b1 = B[8+2q..][group]
+//   C/D (16x8, f32):      d0,d1 = D[group][2q, 2q+1], d2,d3 = D[group+8][2q, 2q+1]
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row))
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(row))
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x2(std::uint32_t (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row))
+               : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4],
+                                         std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- asynchronous global -> shared copies ----------------------------------------------------
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+}  // namespace kdaguard::gpu::prefill

@@ -1,0 +1,378 @@
+// GPU conformance of the prefill kernels against the f64 reference (kda-math.md "How close is
+// close"): fresh random problems from the shared problem builder, outputs poisoned first, every
+// output element must be written, memory the prefill may not write (v, the other inputs,
+// untouched pool slots, padding) must be bit-identical, and out and the final states must match
+// the per-token f64 recurrence within rms(err)/rms(ref) <= 5e-3 for 16-bit inputs (f32 inputs:
+// 1e-5; a bf16 state: 1e-2). Skipped where no sm_90 device is present.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gen_problem.h"
+#include "kdaguard/contracts/validate.h"
+#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/lower.h"
+#include "kdaguard/reference.h"
+#include "prefill_launch.h"
+#include "problem.h"
+
+namespace kdaguard {
+namespace {
+
+using reference::ErrorStats;
+using support::HostProblem;
+using support::ProblemSpec;
+
+bool have_sm90() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+}
+
+#define REQUIRE_SM90() \
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 device"
+
+#define CUDA_OK(expr)                                                                   \
+  do {                                                                                  \
+    const cudaError_t e_ = (expr);                                                      \
+    if (e_ != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
+  } while (0)
+
+// Every allocation of a host problem mirrored in device memory.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(const HostProblem& hp) {
+    for (const support::Allocation& a : hp.allocations) {
+      void* d = nullptr;
+      CUDA_OK(cudaMalloc(&d, std::max<std::size_t>(a.bytes(), 1)));
+      buffers_.push_back(d);
+      CUDA_OK(cudaMemcpy(d, a.data(), a.bytes(), cudaMemcpyHostToDevice));
+    }
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy() {
+    for (void* d : buffers_) cudaFree(d);
+  }
+  std::vector<std::uint64_t> bases() const {
+    std::vector<std::uint64_t> b;
+    for (void* d : buffers_) b.push_back(reinterpret_cast<std::uint64_t>(d));
+    return b;
+  }
+  void* buffer(std::size_t i) const { return buffers_[i]; }
+  void download(HostProblem& hp) const {
+    for (std::size_t i = 0; i < buffers_.size(); ++i)
+      CUDA_OK(cudaMemcpy(hp.allocations[i].data(), buffers_[i], hp.allocations[i].bytes(),
+                         cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  std::vector<void*> buffers_;
+};
+
+class DeviceWord {
+ public:
+  DeviceWord() {
+    CUDA_OK(cudaMalloc(&word_, sizeof(unsigned long long)));
+    CUDA_OK(cudaMemset(word_, 0, sizeof(unsigned long long)));
+  }
+  ~DeviceWord() { cudaFree(word_); }
+  unsigned long long* get() const { return word_; }
+  std::uint64_t read() const {
+    unsigned long long v = 0;
+    CUDA_OK(cudaMemcpy(&v, word_, sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  unsigned long long* word_ = nullptr;
+};
+
+struct Tolerance {
+  double out, state;
+};
+Tolerance tolerance_for(const ProblemSpec& s) {
+  const double out = s.io_dtype == DType::f32 ? 1e-5 : 5e-3;
+  return {out, s.state_dtype == DType::bf16 ? 1e-2 : out};
+}
+
+struct Judgement {
+  std::string failure;  // empty: passed
+  ErrorStats out, state;
+};
+
+// The reference's final states of every sequence with tokens, and the GPU's, side by side.
+void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
+                    std::vector<double>& gpu, std::vector<double>& expected) {
+  const ProblemSpec& s = hp.spec;
+  const PrefillCall& call = std::get<PrefillCall>(hp.call);
+  const std::size_t per_seq = static_cast<std::size_t>(s.HV) * s.V * s.K;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    if (s.seq_lens[n] == 0) continue;  // untouched: the write oracle covers it
+    const std::vector<double> slot = support::read_slot(*call.initial_state, s.slots[n]);
+    gpu.insert(gpu.end(), slot.begin(), slot.end());
+    expected.insert(expected.end(), ref.final_state.begin() + n * per_seq,
+                    ref.final_state.begin() + (n + 1) * per_seq);
+  }
+}
+
+// Runs the spec's prefill on the GPU and judges it against the f64 reference.
+Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed) {
+  Judgement j;
+  HostProblem hp = support::materialize(spec, seed);
+  const reference::PrefillResult ref = reference::prefill_values(std::get<PrefillCall>(hp.call));
+  if (!ref.status.ok()) {
+    j.failure = "reference refused the call: " + to_string(ref.status);
+    return j;
+  }
+  hp.poison_outputs();
+  const support::Snapshot before = hp.snapshot();
+
+  DeviceCopy device(hp);
+  const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
+  const PrefillCall& call = std::get<PrefillCall>(on_device);
+  const Verdict verdict = validate(call);
+  if (!verdict.accepted()) {
+    j.failure = "the generated call is invalid: " + describe(verdict);
+    return j;
+  }
+  DeviceWord error_word;
+  const PrefillParams params = lower(call);
+  CUDA_OK(gpu::detail::launch_prefill(params, {error_word.get(), nullptr}, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  if (const std::uint64_t bits = error_word.read(); bits != 0) {
+    j.failure = fmt::format("error word {:#x} on a valid call", bits);
+    return j;
+  }
+  device.download(hp);
+
+  if (auto w = hp.unexpected_writes(before)) {
+    j.failure = "wrote outside its outputs: " + *w;
+    return j;
+  }
+  if (auto u = hp.unwritten_outputs()) {
+    j.failure = "left an output unwritten (or NaN): " + *u;
+    return j;
+  }
+  const Tolerance tol = tolerance_for(spec);
+  j.out = reference::compare(support::read_floats(*std::get<PrefillCall>(hp.call).out), ref.values.out);
+  std::vector<double> gpu_states, ref_states;
+  collect_states(hp, ref.values, gpu_states, ref_states);
+  j.state = reference::compare(gpu_states, ref_states);
+  if (!j.out.pass(tol.out)) j.failure += fmt::format("out {} > {}; ", j.out.to_string(), tol.out);
+  if (!j.state.pass(tol.state))
+    j.failure += fmt::format("final state {} > {}; ", j.state.to_string(), tol.state);
+  return j;
+}
+
+// The worst errors seen per input class, printed when the process ends.
+struct Worst {
+  double out = 0, state = 0;
+  std::int64_t cases = 0;
+  void add(const Judgement& j) {
+    ++cases;
+    if (j.out.comparable) out = std::max(out, j.out.rms_ratio);
+    if (j.state.comparable) state = std::max(state, j.state.rms_ratio);
+  }
+};
+struct WorstTable {
+  Worst by_io[3];  // f32, f16, bf16 (DType order)
+  ~WorstTable() {
+    static constexpr const char* kName[] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+      if (by_io[i].cases > 0)
+        std::printf("[prefill conformance] io=%s cases=%lld worst rms ratio: out %.3e, state %.3e\n",
+                    kName[i], static_cast<long long>(by_io[i].cases), by_io[i].out, by_io[i].state);
+  }
+};
+WorstTable worst;
+
+void expect_conforms(const ProblemSpec& spec, std::uint64_t seed) {
+  const Judgement j = run_and_judge(spec, seed);
+  worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
+  EXPECT_TRUE(j.failure.empty()) << j.failure << "\n  spec: " << support::describe(spec)
+                                 << " seed=" << seed;
+}
+
+ProblemSpec prefill_spec(std::vector<std::int64_t> lens, int H, int HV, int K, int V, DType io,
+                         DType state, GateKind gate) {
+  ProblemSpec s;
+  s.entry = Entry::prefill;
+  s.H = H;
+  s.HV = HV;
+  s.K = K;
+  s.V = V;
+  s.io_dtype = io;
+  s.state_dtype = state;
+  s.gate_kind = gate;
+  s.gate_dtype = io;
+  s.beta_dtype = io;
+  s.use_qk_l2norm = true;
+  s.seq_lens = std::move(lens);
+  const auto N = static_cast<std::int64_t>(s.seq_lens.size());
+  s.pool_slots = N + 3;
+  for (std::int64_t n = 0; n < N; ++n) s.slots.push_back((n * 5 + 2) % s.pool_slots);
+  return s;
+}
+
+const std::vector<std::int64_t> kEdgeLengths{0, 1, 15, 16, 17, 63, 64, 65};
+
+// Every (K, V), input dtype, gate form and state dtype over the chunk-edge lengths, GVA 1:2.
+TEST(PrefillGpu, EdgeLengthsEveryShape) {
+  REQUIRE_SM90();
+  std::uint64_t seed = 1;
+  for (int K : {64, 128})
+    for (int V : {64, 128})
+      for (DType io : {DType::bf16, DType::f16, DType::f32})
+        for (GateKind gate : {GateKind::bounded, GateKind::softplus, GateKind::activated})
+          for (DType state : {DType::f32, DType::bf16}) {
+            ProblemSpec s = prefill_spec(kEdgeLengths, 1, 2, K, V, io, state, gate);
+            s.beta_kind = seed % 2 ? BetaKind::logits : BetaKind::activated;
+            s.cu_seqlens_dtype = seed % 3 ? DType::i32 : DType::i64;
+            s.gate_dtype = gate == GateKind::activated && seed % 2 ? DType::f32 : io;
+            s.strong_decay_fraction = gate == GateKind::softplus ? 0.1 : 0.0;
+            expect_conforms(s, seed++);
+          }
+}
+
+// Gates of -1000 per token (softplus a = +1000, activated g = -1000) at 30% of the elements:
+// only per-pair exponents stay finite.
+TEST(PrefillGpu, StrongDecays) {
+  REQUIRE_SM90();
+  std::uint64_t seed = 100;
+  for (GateKind gate : {GateKind::softplus, GateKind::activated, GateKind::bounded})
+    for (DType io : {DType::bf16, DType::f16}) {
+      ProblemSpec s = prefill_spec({40, 200, 16}, 2, 4, 128, 128, io, DType::f32, gate);
+      s.strong_decay_fraction = 0.3;
+      s.gate_dtype = DType::f32;
+      expect_conforms(s, seed++);
+    }
+}
+
+// Long sequences, ragged around them, both gate forms.
+TEST(PrefillGpu, LongSequences) {
+  REQUIRE_SM90();
+  std::uint64_t seed = 200;
+  {
+    ProblemSpec s = prefill_spec({8197}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+    expect_conforms(s, seed++);
+  }
+  {
+    std::vector<std::int64_t> lens = kEdgeLengths;
+    lens.push_back(8230);
+    ProblemSpec s = prefill_spec(lens, 1, 1, 128, 128, DType::f16, DType::bf16, GateKind::softplus);
+    s.strong_decay_fraction = 0.02;
+    expect_conforms(s, seed++);
+  }
+  {
+    ProblemSpec s = prefill_spec({3000, 9000}, 1, 1, 64, 128, DType::bf16, DType::f32, GateKind::activated);
+    s.use_qk_l2norm = false;
+    expect_conforms(s, seed++);
+  }
+}
+
+// One token in all; then a long call; then empty sequences only: nothing carries over.
+TEST(PrefillGpu, TinyThenLongThenEmpty) {
+  REQUIRE_SM90();
+  expect_conforms(prefill_spec({1}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 300);
+  expect_conforms(prefill_spec({4100}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 301);
+  expect_conforms(prefill_spec({0, 0, 0}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 302);
+  expect_conforms(prefill_spec({1}, 1, 1, 64, 64, DType::f32, DType::f32, GateKind::softplus), 303);
+}
+
+// Random valid calls of every form the contracts accept (layouts, strides, pools, dtypes).
+// RC_PARAMS=max_success=N sets how many.
+RC_GTEST_PROP(PrefillGpuProperty, MatchesReference, ()) {
+  if (!have_sm90()) {
+    RC_DISCARD("no sm_90 device");
+  }
+  support::GenLimits limits;
+  limits.max_seq_len = 200;
+  const ProblemSpec spec = *support::gen_prefill_spec(limits);
+  const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+  const Judgement j = run_and_judge(spec, seed);
+  worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
+  RC_ASSERT(j.failure.empty());
+}
+
+// A slot index the host never saw, out of range on the device: that sequence is skipped and
+// reported, the others run; duplicate slots: the guard flags both sequences and they are skipped.
+TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
+  REQUIRE_SM90();
+  ProblemSpec s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, DType::bf16, DType::f32, GateKind::bounded);
+  s.host_values = false;
+  s.pool_slots = 6;
+  s.slots = {4, 1, 2};
+  HostProblem hp = support::materialize(s, 400);
+  hp.poison_outputs();
+  DeviceCopy device(hp);
+  const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
+  const PrefillParams params = lower(std::get<PrefillCall>(on_device));
+  const auto index_buffer = [&] {
+    for (std::size_t i = 0; i < hp.allocations.size(); ++i)
+      if (hp.allocations[i].name() == "initial_state_indices") return device.buffer(i);
+    throw std::runtime_error("no initial_state_indices buffer");
+  }();
+  const auto pool_bytes_of = [&](const HostProblem& p, std::int64_t slot) {
+    return support::read_slot(*std::get<PrefillCall>(p.call).initial_state, slot);
+  };
+
+  // Out of range: sequence 1 names slot 9 of 6.
+  {
+    const std::int32_t bad[3] = {4, 9, 2};
+    CUDA_OK(cudaMemcpy(index_buffer, bad, sizeof bad, cudaMemcpyHostToDevice));
+    DeviceWord error_word;
+    CUDA_OK(gpu::detail::launch_prefill(params, {error_word.get(), nullptr}, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(error_word.read(), value_checks::rule_bit(RuleId::index_range));
+    HostProblem after = support::materialize(s, 400);
+    device.download(after);
+    for (std::int64_t slot : {0, 1, 3, 5})
+      EXPECT_EQ(pool_bytes_of(after, slot), pool_bytes_of(hp, slot)) << "slot " << slot;
+    EXPECT_NE(pool_bytes_of(after, 4), pool_bytes_of(hp, 4)) << "sequence 0 ran";
+  }
+  // Duplicates: sequences 0 and 2 both name slot 3; the guard flags them, only sequence 1 runs.
+  {
+    DeviceCopy fresh(hp);
+    const AnyCall again = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, fresh.bases());
+    const PrefillParams p2 = lower(std::get<PrefillCall>(again));
+    void* indices = nullptr;
+    for (std::size_t i = 0; i < hp.allocations.size(); ++i)
+      if (hp.allocations[i].name() == "initial_state_indices") indices = fresh.buffer(i);
+    const std::int32_t dup[3] = {3, 1, 3};
+    CUDA_OK(cudaMemcpy(indices, dup, sizeof dup, cudaMemcpyHostToDevice));
+    DeviceWord error_word;
+    std::int32_t* row_flags = nullptr;
+    CUDA_OK(cudaMalloc(&row_flags, 3 * sizeof(std::int32_t)));
+    CUDA_OK(gpu::detail::launch_prefill_guard(p2, {}, error_word.get(), row_flags, nullptr));
+    CUDA_OK(gpu::detail::launch_prefill(p2, {error_word.get(), row_flags}, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::int32_t flags[3] = {};
+    CUDA_OK(cudaMemcpy(flags, row_flags, sizeof flags, cudaMemcpyDeviceToHost));
+    cudaFree(row_flags);
+    EXPECT_EQ(error_word.read(), value_checks::rule_bit(RuleId::index_unique));
+    EXPECT_EQ(flags[0], 1);
+    EXPECT_EQ(flags[1], 0);
+    EXPECT_EQ(flags[2], 1);
+    HostProblem after = support::materialize(s, 400);
+    fresh.download(after);
+    EXPECT_EQ(pool_bytes_of(after, 3), pool_bytes_of(hp, 3)) << "flagged sequences ran";
+    EXPECT_NE(pool_bytes_of(after, 1), pool_bytes_of(hp, 1)) << "sequence 1 did not run";
+  }
+}
+
+}  // namespace
+}  // namespace kdaguard

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Times the peer prefill, flash-linear-attention's chunk_kda (fla-core wheel), on the shapes of
+bench/bench_prefill.cu: K = V = 128, bf16 inputs, f32 initial state, raw gate with
+lower_bound -5 (safe_gate), beta logits and the L2 norm in the kernel.
+
+Run on the GPU machine with fla on PYTHONPATH. Prints one line per shape as it goes (median of
+triton.testing.do_bench, after a warm-up that includes Triton's autotuning) and a JSON summary.
+Shapes run in order of importance, so a timeout still leaves the headline figures.
+"""
+import json
+import sys
+
+import torch
+import triton.testing
+from fla.ops.kda import chunk_kda
+
+K = V = 128
+RAGGED = [1500, 37, 900, 1, 2048, 640, 113, 1200, 753, 1000]  # as in bench_prefill.cu
+
+
+def shapes():
+    yield "T=8192 H=64 B=1", [8192], 64
+    yield "T=8192 H=32 B=1", [8192], 32
+    yield "ragged10 H=64", RAGGED, 64
+    yield "ragged10 H=32", RAGGED, 32
+    for T in (512, 8192, 32768):
+        for H in (32, 64):
+            for B in (1, 2):
+                if (T, H, B) in ((8192, 64, 1), (8192, 32, 1)):
+                    continue
+                yield f"T={T} H={H} B={B}", [T] * B, H
+
+
+def time_shape(lens, H):
+    dev = "cuda"
+    T = sum(lens)
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def uniform(shape, lo, hi, dtype=torch.bfloat16):
+        return (torch.rand(shape, generator=g, device=dev) * (hi - lo) + lo).to(dtype)
+
+    q = uniform((1, T, H, K), -1, 1)
+    k = uniform((1, T, H, K), -1, 1)
+    v = uniform((1, T, H, V), -1, 1)
+    a = uniform((1, T, H, K), -4, 4)
+    b = uniform((1, T, H), -3, 3)
+    A_log = uniform((H,), -0.5, 0.5, torch.float32)
+    dt_bias = uniform((H * K,), -6, -2, torch.float32)
+    h0 = uniform((len(lens), H, K, V), -0.1, 0.1, torch.float32)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.long, device=dev)
+    cu_cpu = cu.cpu()
+
+    def run():
+        return chunk_kda(q, k, v, a, b, initial_state=h0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                         A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+
+    with torch.inference_mode():
+        run()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+
+
+def main():
+    results = {}
+    for name, lens, H in shapes():
+        ms = time_shape(lens, H)
+        token_heads = sum(lens) * H
+        results[name] = {"ms": ms, "token_heads_per_s": token_heads / (ms * 1e-3)}
+        print(f"[peer chunk_kda] {name:18s} {ms:8.3f} ms  {token_heads / (ms * 1e-3):.3e} token-heads/s",
+              flush=True)
+    json.dump(results, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
