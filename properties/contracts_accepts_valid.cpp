@@ -1,0 +1,53 @@
+// Property 1: every generated valid call is accepted, and the value rules the validator could
+// not check (no host copy of the values) are exactly the ones it says it deferred.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "gen_calls.h"
+#include "kdaguard/contracts/validate.h"
+
+namespace kdaguard::support {
+namespace {
+
+void accepts_every_valid_call(Entry e) {
+  const auto g = *gen_call(e);
+  const Verdict verdict = validate(g.call);
+  RC_TAG(g.plan.packed_qkv ? "packed qkv" : "separate qkv", g.plan.arena ? "arena" : "own buffers");
+  RC_CLASSIFY(g.plan.values_mask == 0, "no host values");
+  if (!verdict.accepted()) RC_FAIL(describe(verdict));
+}
+
+RC_GTEST_PROP(ContractsAcceptValid, Decode, ()) { accepts_every_valid_call(Entry::decode); }
+RC_GTEST_PROP(ContractsAcceptValid, Prefill, ()) { accepts_every_valid_call(Entry::prefill); }
+RC_GTEST_PROP(ContractsAcceptValid, Verify, ()) { accepts_every_valid_call(Entry::verify); }
+RC_GTEST_PROP(ContractsAcceptValid, Commit, ()) { accepts_every_valid_call(Entry::commit); }
+
+// A value rule is deferred only for an argument that lacks host values, and every index tensor
+// without host values has its value rules deferred (but the row map, which explicit
+// scratch_indices make unnecessary).
+RC_GTEST_PROP(ContractsAcceptValid, DefersExactlyTheValueRulesWithoutHostValues, ()) {
+  const auto g = *gen_any_call();
+  const Verdict verdict = validate(g.call);
+  RC_ASSERT(verdict.accepted());
+  for (const DeferredCheck& d : verdict.deferred) {
+    RC_ASSERT(rule_info(d.rule).tier == Tier::value);
+    const auto arg = arg_from_name(d.argument);
+    RC_ASSERT(arg.has_value());
+    const OptionalView* view = find_argument(g.call, *arg);
+    RC_ASSERT(view != nullptr && view->has_value());
+    RC_ASSERT(!(*view)->values.has_value());
+  }
+  for_each_argument(g.call, [&](Arg a, const OptionalView& v) {
+    if (!v || v->values || v->dtype == DType::f32 || v->dtype == DType::bf16 ||
+        v->dtype == DType::f16)
+      return;
+    if (a == Arg::scratch_row_map && find_argument(g.call, Arg::scratch_indices)->has_value())
+      return;
+    const bool deferred = std::any_of(verdict.deferred.begin(), verdict.deferred.end(),
+                                      [&](const DeferredCheck& d) { return d.argument == arg_name(a); });
+    RC_ASSERT(deferred);
+  });
+}
+
+}  // namespace
+}  // namespace kdaguard::support

@@ -1,0 +1,753 @@
+#include "mutations.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace kdaguard::support {
+
+using i64 = std::int64_t;
+
+namespace {
+
+constexpr std::uint8_t kD = 1u << static_cast<int>(Entry::decode);
+constexpr std::uint8_t kP = 1u << static_cast<int>(Entry::prefill);
+constexpr std::uint8_t kV = 1u << static_cast<int>(Entry::verify);
+constexpr std::uint8_t kC = 1u << static_cast<int>(Entry::commit);
+constexpr std::uint8_t kDPV = kD | kP | kV;
+constexpr std::uint8_t kDPVC = kD | kP | kV | kC;
+constexpr std::uint8_t kPVC = kP | kV | kC;
+constexpr std::uint8_t kPV = kP | kV;
+constexpr std::uint8_t kVC = kV | kC;
+
+// An address far from every buffer build_call places (those sit at kFakeAddressBase + i * 4 GiB
+// for small i), for buffers a mutation moves.
+constexpr std::uint64_t kMovedAddress = kFakeAddressBase + 4096 * kFakeAddressPitch;
+
+OptionalView& slot(GeneratedCall& g, Arg a) {
+  OptionalView* v = find_argument(g.call, a);
+  if (v == nullptr) throw std::logic_error("mutation: entry point has no such argument");
+  return *v;
+}
+
+TensorView& present(GeneratedCall& g, Arg a) {
+  OptionalView& v = slot(g, a);
+  if (!v) throw std::logic_error("mutation: argument absent in the generated call");
+  return *v;
+}
+
+bool has(const GeneratedCall& g, Arg a) {
+  const OptionalView* v = find_argument(g.call, a);
+  return v != nullptr && v->has_value();
+}
+
+Arg pool_arg(const GeneratedCall& g) {
+  return g.plan.entry == Entry::prefill ? Arg::initial_state : Arg::state;
+}
+Arg slot_map_arg(const GeneratedCall& g) {
+  return g.plan.entry == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
+}
+
+void rebuild(GeneratedCall& g) { g.call = build_call(g.plan); }
+
+// Moves a view into an allocation of its own with compact row-major strides, no size known.
+void detach_compact(TensorView& t) {
+  t.address = 0;
+  t.storage_offset = Elements{0};
+  t.storage_size.reset();
+  i64 step = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    t.stride[d] = step;
+    step *= std::max<i64>(t.shape[d], 1);
+  }
+}
+
+// The views present in the call.
+std::vector<Arg> present_args(const GeneratedCall& g) {
+  std::vector<Arg> args;
+  for_each_argument(g.call, [&](Arg a, const OptionalView& v) {
+    if (v) args.push_back(a);
+  });
+  return args;
+}
+
+Arg pick_arg(std::span<const Arg> args, Chooser& c) { return c.element(args); }
+
+std::vector<i64>& values_of(GeneratedCall& g, Arg a) {
+  TensorView& t = present(g, a);
+  if (!t.values) throw std::logic_error("mutation: index tensor without host values");
+  return *t.values;
+}
+
+// Rows of q (the token count), or B for decode.
+i64 token_rows(GeneratedCall& g) { return present(g, Arg::q).shape[0]; }
+
+// Index of an active row (slot >= 0), the `k`-th one.
+i64 active_row(const CallPlan& p, i64 k) {
+  for (i64 r = 0; r < p.rows(); ++r)
+    if (p.slot_of_row[r] >= 0 && k-- == 0) return r;
+  throw std::logic_error("mutation: not enough active rows");
+}
+
+Device other_device(Device d) {
+  if (d.kind == Device::Kind::cpu) return Device{Device::Kind::cuda, 0};
+  return Device{Device::Kind::cuda, d.index + 1};
+}
+
+// ------------------------------------------------------------------------------------------------
+// The mutations, one function each
+// ------------------------------------------------------------------------------------------------
+
+// arg.missing
+void drop_required(GeneratedCall& g, Chooser& c) {
+  std::vector<Arg> candidates;
+  switch (g.plan.entry) {
+    case Entry::decode:
+      candidates = {Arg::q, Arg::k, Arg::v, Arg::state, Arg::cache_indices, Arg::out};
+      break;
+    case Entry::prefill: candidates = {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::out}; break;
+    case Entry::verify:
+      candidates = {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::state, Arg::cache_indices,
+                    Arg::scratch, Arg::out};
+      break;
+    case Entry::commit:
+      candidates = {Arg::scratch, Arg::state, Arg::cache_indices, Arg::accepted};
+      break;
+  }
+  slot(g, pick_arg(candidates, c)).reset();
+}
+void drop_both_gate_forms(GeneratedCall& g, Chooser& c) {
+  if (c.coin()) {
+    slot(g, Arg::b).reset();
+    slot(g, Arg::beta).reset();
+  } else {
+    // Without a gate, A_log and dt_bias have nothing to apply to; they go too.
+    for (Arg a : {Arg::a, Arg::g, Arg::A_log, Arg::dt_bias}) slot(g, a).reset();
+  }
+}
+void drop_row_map(GeneratedCall& g, Chooser&) { slot(g, Arg::scratch_row_map).reset(); }
+
+// arg.exclusive
+void both_beta_forms(GeneratedCall& g, Chooser&) {
+  OptionalView& b = slot(g, Arg::b);
+  OptionalView& beta = slot(g, Arg::beta);
+  if (b) beta = b;
+  else b = beta;
+}
+void both_gate_forms(GeneratedCall& g, Chooser&) { slot(g, Arg::g) = present(g, Arg::a); }
+
+// arg.rank
+void beta_rank_three(GeneratedCall& g, Chooser&) {
+  TensorView& t = present(g, has(g, Arg::b) ? Arg::b : Arg::beta);
+  t.rank = 3;
+  t.shape[2] = 1;
+  t.stride[2] = 1;
+}
+void index_rank_two(GeneratedCall& g, Chooser&) {
+  TensorView& t = present(g, Arg::cache_indices);
+  t.rank = 2;
+  t.shape[1] = 1;
+  t.stride[1] = 1;
+}
+
+// arg.shape
+void out_wrong_size(GeneratedCall& g, Chooser& c) {
+  TensorView& out = present(g, Arg::out);
+  if (c.coin() || out.shape[0] == 0) out.shape[0] += 1;
+  else if (c.coin()) out.shape[0] -= 1;
+  else out.shape[1] += 1;
+  detach_compact(out);
+}
+void cu_seqlens_too_long(GeneratedCall& g, Chooser&) {
+  TensorView& cu = present(g, Arg::cu_seqlens);
+  cu.shape[0] += 1;
+  if (cu.values) cu.values->push_back(cu.values->back());  // an empty extra row: still monotone
+  detach_compact(cu);
+}
+
+// arg.dtype
+void out_other_dtype(GeneratedCall& g, Chooser&) {
+  TensorView& out = present(g, Arg::out);
+  out.dtype = out.dtype == DType::f32 ? DType::bf16 : DType::f32;
+  detach_compact(out);
+}
+void index_i64(GeneratedCall& g, Chooser& c) {
+  const Arg a = g.plan.entry == Entry::commit && c.coin() ? Arg::accepted : slot_map_arg(g);
+  TensorView& t = present(g, a);
+  t.dtype = DType::i64;
+  detach_compact(t);
+}
+
+// arg.device
+void other_device_argument(GeneratedCall& g, Chooser& c) {
+  const auto args = present_args(g);
+  present(g, pick_arg(args, c)).device = other_device(device_of(g.call));
+}
+
+// arg.last_dim_contiguous
+void q_every_other_element(GeneratedCall& g, Chooser&) {
+  TensorView& q = present(g, Arg::q);
+  detach_compact(q);
+  for (int d = 0; d < q.rank; ++d) q.stride[d] *= 2;
+}
+void index_every_other_entry(GeneratedCall& g, Chooser& c) {
+  TensorView& t = present(g, c.coin() ? Arg::accepted : Arg::cache_indices);
+  detach_compact(t);
+  t.stride[0] = 2;
+}
+
+// arg.stride
+void negative_stride(GeneratedCall& g, Chooser& c) {
+  std::vector<std::pair<Arg, int>> candidates;  // (argument, dim) with a positive stride
+  for (Arg a : present_args(g)) {
+    const TensorView& t = present(g, a);
+    for (int d = 0; d < t.rank; ++d)
+      if (t.stride[d] > 0) candidates.emplace_back(a, d);
+  }
+  const auto [arg, dim] = c.element(std::span<const std::pair<Arg, int>>(candidates));
+  TensorView& t = present(g, arg);
+  // Element [0..0] moves to the far end, so every element stays inside the allocation.
+  t.storage_offset.count += std::max<i64>(t.shape[dim] - 1, 0) * t.stride[dim];
+  t.stride[dim] = -t.stride[dim];
+}
+void out_heads_share_memory(GeneratedCall& g, Chooser&) { present(g, Arg::out).stride[1] = 0; }
+
+// arg.extent
+void storage_one_short(GeneratedCall& g, Chooser& c) {
+  std::vector<Arg> candidates;
+  for (Arg a : present_args(g))
+    if (present(g, a).numel() > 0) candidates.push_back(a);
+  TensorView& t = present(g, pick_arg(candidates, c));
+  i64 last = t.storage_offset.count;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  t.storage_size = Elements{last};  // element `last` is the one past the end
+}
+void offset_overflows(GeneratedCall& g, Chooser& c) {
+  const auto args = present_args(g);
+  TensorView& t = present(g, pick_arg(args, c));
+  t.storage_offset = Elements{std::numeric_limits<i64>::max() - c.pick(0, 3)};
+}
+
+// arg.alignment
+void q_misaligned(GeneratedCall& g, Chooser& c) {
+  TensorView& q = present(g, Arg::q);
+  if (c.coin() || q.shape[0] < 2) {  // a row pitch only matters with two rows
+    q.address = 0;
+    q.storage_size.reset();
+    q.storage_offset = Elements{c.pick(1, 16 / element_size(q.dtype) - 1)};
+  } else {
+    detach_compact(q);
+    q.stride[0] += 16 / element_size(q.dtype) - 1;  // a row pitch that is not 16-byte aligned
+  }
+}
+void index_misaligned(GeneratedCall& g, Chooser& c) {
+  TensorView& t = present(g, c.coin() ? Arg::accepted : Arg::cache_indices);
+  detach_compact(t);
+  t.address = kMovedAddress + static_cast<std::uint64_t>(c.pick(1, 3));
+}
+
+// alias.overlap
+void v_aliases_out(GeneratedCall& g, Chooser&) {
+  TensorView& out = present(g, Arg::out);
+  if (out.address == 0) out.address = kMovedAddress;
+  present(g, Arg::v) = out;
+}
+void index_inside_pool(GeneratedCall& g, Chooser&) {
+  TensorView& pool = present(g, Arg::state);
+  if (pool.address == 0) pool.address = kMovedAddress;
+  TensorView& idx = present(g, Arg::cache_indices);
+  const i64 pool_bytes = pool.storage_offset.count * element_size(pool.dtype);
+  idx.address = pool.address;
+  idx.storage_offset = Elements{pool_bytes / 4};
+  idx.storage_size.reset();
+  if (pool.storage_size)
+    idx.storage_size = Elements{pool.storage_size->count * element_size(pool.dtype) / 4};
+}
+
+// dims.heads, dims.head_dim
+void heads_not_a_multiple(GeneratedCall& g, Chooser& c) {
+  g.plan.H = g.plan.HV + c.pick(1, 2);
+  rebuild(g);
+}
+void unsupported_head_dim(GeneratedCall& g, Chooser& c) {
+  static constexpr i64 kOdd[] = {32, 96, 192, 256};
+  (c.coin() ? g.plan.K : g.plan.V) = c.element(kOdd);
+  rebuild(g);
+}
+
+// scalar.scale, scalar.lower_bound, gate.params
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+void bad_scale(GeneratedCall& g, Chooser& c) {
+  static constexpr double kBad[] = {0.0, -0.125, kNaN, kInf, -kInf};
+  scalars_of(g.call).scale = c.element(kBad);
+}
+void bad_lower_bound(GeneratedCall& g, Chooser& c) {
+  static constexpr double kBad[] = {0.0, 0.5, kNaN, -kInf, kInf};
+  scalars_of(g.call).lower_bound = c.element(kBad);
+}
+void raw_gate_without_A_log(GeneratedCall& g, Chooser&) { slot(g, Arg::A_log).reset(); }
+void lower_bound_with_activated_gate(GeneratedCall& g, Chooser& c) {
+  scalars_of(g.call).lower_bound = -static_cast<double>(c.pick(1, 40)) / 8.0;
+}
+
+// gate.cover_tokens
+void gate_or_beta_short(GeneratedCall& g, Chooser& c) {
+  const i64 rows = token_rows(g);
+  const Arg gate = has(g, Arg::a) ? Arg::a : Arg::g;
+  const Arg beta = has(g, Arg::b) ? Arg::b : Arg::beta;
+  present(g, c.coin() ? gate : beta).shape[0] = rows - c.pick(1, rows);
+}
+
+// state.*
+void pool_rank_three(GeneratedCall& g, Chooser&) {
+  TensorView& t = present(g, pool_arg(g));
+  t.rank = 3;
+  t.shape[2] *= t.shape[3];
+  t.stride[2] = 1;
+}
+// The pool (or, in verify and commit, sometimes the scratch) whose layout a state.* mutation
+// breaks; `inner` is the index of its HV dim.
+TensorView& some_pool(GeneratedCall& g, Chooser& c, int& inner) {
+  const bool scratch = (g.plan.entry == Entry::verify || g.plan.entry == Entry::commit) && c.coin();
+  inner = scratch ? 2 : 1;
+  return present(g, scratch ? Arg::scratch : pool_arg(g));
+}
+// Rewrites the slot (scratch: step) and HV strides of a pool in an allocation of its own.
+void restride_pool(TensorView& t, int inner, i64 slot, i64 head) {
+  t.address = 0;
+  t.storage_size.reset();
+  t.stride[inner] = head;
+  t.stride[inner - 1] = slot;
+  if (inner == 2) t.stride[0] = slot * t.shape[1];
+}
+void pool_heads_padded(GeneratedCall& g, Chooser& c) {
+  int inner = 1;
+  TensorView& t = some_pool(g, c, inner);
+  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
+  if (c.coin()) {
+    restride_pool(t, inner, HV * (VK + 16) + 16 * c.pick(0, 2), VK + 16);
+  } else {
+    // A transposed view of a [.., K, V] pool: the seed's "vendor layout".
+    t.stride[inner + 1] = 1;
+    t.stride[inner + 2] = t.shape[inner + 1];
+  }
+}
+void slot_stride_unaligned(GeneratedCall& g, Chooser& c) {
+  int inner = 1;
+  TensorView& t = some_pool(g, c, inner);
+  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
+  restride_pool(t, inner, HV * VK + 16 * c.pick(0, 2) + c.pick(1, 15), VK);
+}
+void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
+  int inner = 1;
+  TensorView& t = some_pool(g, c, inner);
+  const i64 es = element_size(t.dtype);
+  t.storage_size.reset();
+  if (c.coin()) {
+    t.address = 0;
+    t.storage_offset = Elements{(32 * c.pick(0, 3) + 16) / es};  // the seed's 16-byte base offset
+  } else {
+    t.address = kMovedAddress + 16;  // the data address itself off by 16 bytes
+    t.storage_offset = Elements{0};
+  }
+}
+void slot_stride_too_small(GeneratedCall& g, Chooser& c) {
+  int inner = 1;
+  TensorView& t = some_pool(g, c, inner);
+  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
+  restride_pool(t, inner, HV * VK - 16 * c.pick(1, 4), VK);
+}
+void empty_pool(GeneratedCall& g, Chooser&) {
+  present(g, pool_arg(g)).shape[0] = 0;
+  present(g, slot_map_arg(g)).values.reset();  // no slot is in range now: defer, don't report
+}
+
+// index.*
+void slot_map_short(GeneratedCall& g, Chooser&) {
+  TensorView& t = present(g, slot_map_arg(g));
+  t.shape[0] = g.plan.rows() - 1;
+  if (t.values) t.values->resize(static_cast<std::size_t>(t.shape[0]));
+}
+void row_map_short(GeneratedCall& g, Chooser&) {
+  TensorView& t = present(g, Arg::scratch_row_map);
+  t.shape[0] = g.plan.rows() - 1;
+  if (t.values) t.values->resize(static_cast<std::size_t>(t.shape[0]));
+}
+void slot_out_of_range(GeneratedCall& g, Chooser& c) {
+  const i64 r = active_row(g.plan, c.pick(0, 0));
+  const bool low = g.plan.entry != Entry::prefill && c.coin();
+  values_of(g, slot_map_arg(g))[r] = low ? -2 - c.pick(0, 5) : g.plan.slots + c.pick(0, 5);
+}
+void scratch_index_out_of_range(GeneratedCall& g, Chooser& c) {
+  // Row 0 is active and has a token (PlanNeeds), so entry [0, 0] names a scratch slot.
+  values_of(g, Arg::scratch_indices)[0] = g.plan.S_spec * g.plan.T_alloc + c.pick(0, 5);
+}
+void slot_shared_by_two_rows(GeneratedCall& g, Chooser&) {
+  const i64 first = active_row(g.plan, 0), second = active_row(g.plan, 1);
+  auto& values = values_of(g, slot_map_arg(g));
+  values[second] = values[first];
+}
+void prefill_padding_row(GeneratedCall& g, Chooser& c) {
+  values_of(g, Arg::initial_state_indices)[c.pick(0, g.plan.rows() - 1)] = -1;
+}
+
+// seqlens.*, decode.one_token
+void seqlens_not_from_zero(GeneratedCall& g, Chooser& c) {
+  auto& cu = values_of(g, Arg::cu_seqlens);
+  const i64 len0 = cu[1] - cu[0];
+  const bool verify_like = g.plan.entry != Entry::prefill;
+  if (!verify_like || len0 < g.plan.T) {
+    cu[0] = -c.pick(1, verify_like ? g.plan.T - len0 : 4);  // row 0 grows, within T
+  } else {
+    cu[0] = cu[1];  // row 0 becomes empty; it can then accept nothing
+    if (g.plan.entry == Entry::commit) values_of(g, Arg::accepted)[0] = 0;
+  }
+}
+void seqlens_decrease(GeneratedCall& g, Chooser& c) {
+  auto& cu = values_of(g, Arg::cu_seqlens);
+  const i64 i = c.pick(1, g.plan.rows() - 1);
+  cu[i] = cu[i + 1] + c.pick(1, 3);
+}
+void seqlens_wrong_total(GeneratedCall& g, Chooser&) {
+  auto& cu = values_of(g, Arg::cu_seqlens);
+  const std::size_t n = cu.size() - 1;
+  if (cu[n] > cu[n - 1]) cu[n] -= 1;  // the last row gives up a token
+  else cu[n] += 1;                    // the (empty) last row claims one past T_tot
+}
+void decode_cu_not_one_token(GeneratedCall& g, Chooser& c) {
+  auto& cu = values_of(g, Arg::cu_seqlens);
+  cu[static_cast<std::size_t>(c.pick(0, static_cast<i64>(cu.size()) - 1))] += c.pick(1, 3);
+}
+
+// prefill.indexed_pool
+void prefill_without_pool(GeneratedCall& g, Chooser& c) {
+  slot(g, c.coin() ? Arg::initial_state_indices : Arg::initial_state).reset();
+  if (!has(g, Arg::initial_state) && c.coin()) slot(g, Arg::initial_state_indices).reset();
+}
+
+// verify.*
+void draft_tokens_absent(GeneratedCall& g, Chooser&) {
+  scalars_of(g.call).draft_token_num.reset();
+}
+void draft_tokens_below_one(GeneratedCall& g, Chooser& c) {
+  scalars_of(g.call).draft_token_num = -c.pick(0, 2);
+}
+void more_steps_than_scratch(GeneratedCall& g, Chooser& c) {
+  scalars_of(g.call).draft_token_num = g.plan.T_alloc + c.pick(1, 3);
+}
+void scratch_rows_do_not_flatten(GeneratedCall& g, Chooser& c) {
+  TensorView& t = present(g, Arg::scratch);
+  if (c.coin()) {
+    t.address = 0;
+    t.storage_size.reset();
+    t.stride[0] += 16 * c.pick(1, 3);
+  } else {
+    t.dtype = t.dtype == DType::f32 ? DType::bf16 : DType::f32;
+    t.address = 0;
+    t.storage_size.reset();
+    t.storage_offset = Elements{0};
+  }
+}
+void too_few_scratch_rows(GeneratedCall& g, Chooser& c) {
+  present(g, Arg::scratch).shape[0] = g.plan.rows() - c.pick(1, g.plan.rows());
+  // Explicit indices may now name slots past the scratch: leave those to the device.
+  if (has(g, Arg::scratch_indices)) present(g, Arg::scratch_indices).values.reset();
+}
+void row_longer_than_draft(GeneratedCall& g, Chooser& c) {
+  g.plan.row_lengths[c.pick(0, g.plan.rows() - 1)] = g.plan.T + c.pick(1, 2);
+  rebuild(g);
+}
+void row_map_not_identity(GeneratedCall& g, Chooser& c) {
+  auto& map = values_of(g, Arg::scratch_row_map);
+  const i64 r = c.pick(0, g.plan.rows() - 1);
+  map[r] += c.pick(1, 3);
+}
+void scratch_indices_wrong_form(GeneratedCall& g, Chooser& c) {
+  TensorView& t = present(g, Arg::scratch_indices);
+  if (c.coin()) {
+    t.dtype = DType::i64;
+    detach_compact(t);
+  } else {
+    // [N, T + 1]: one step more per row than the draft holds.
+    const i64 n = t.shape[0], steps = t.shape[1];
+    if (t.values) {
+      std::vector<i64> wider;
+      for (i64 r = 0; r < n; ++r) {
+        for (i64 s = 0; s < steps; ++s) wider.push_back((*t.values)[r * steps + s]);
+        wider.push_back(-1);
+      }
+      t.values = std::move(wider);
+    }
+    t.shape[1] = steps + 1;
+    detach_compact(t);
+  }
+}
+
+// commit.accepted
+void accepted_out_of_range(GeneratedCall& g, Chooser& c) {
+  auto& acc = values_of(g, Arg::accepted);
+  acc[c.pick(0, g.plan.rows() - 1)] = c.coin() ? g.plan.T + c.pick(1, 3) : -c.pick(1, 3);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The table
+// ------------------------------------------------------------------------------------------------
+
+PlanNeeds rows(int n) { return PlanNeeds{.min_rows = n}; }
+PlanNeeds with_values(PlanNeeds n) {
+  n.index_values = true;
+  return n;
+}
+
+std::vector<Mutation> make_table() {
+  using R = RuleId;
+  const PlanNeeds none{};
+  return {
+      {R::arg_missing, "drop a required argument", kDPVC, true, none, drop_required},
+      {R::arg_missing, "drop both forms of the gate or of beta", kDPV, true, none,
+       drop_both_gate_forms},
+      {R::arg_missing, "drop scratch_row_map when scratch_indices is absent", kVC, true,
+       PlanNeeds{.explicit_scratch_indices = false}, drop_row_map},
+      {R::arg_exclusive, "give b and beta", kDPV, true, none, both_beta_forms},
+      {R::arg_exclusive, "give a and g", kDPV, true, PlanNeeds{.raw_gate = true}, both_gate_forms},
+      {R::arg_rank, "b/beta with a third dim", kDPV, true, none, beta_rank_three},
+      {R::arg_rank, "cache_indices with a second dim", kC, true, none, index_rank_two},
+      {R::arg_shape, "out with a wrong size", kDPV, true, none, out_wrong_size},
+      {R::arg_shape, "cu_seqlens one entry too long", kC, true, PlanNeeds{.cu_seqlens = true},
+       cu_seqlens_too_long},
+      {R::arg_dtype, "out in another dtype than q", kDPV, true, none, out_other_dtype},
+      {R::arg_dtype, "an index map in i64", kDPVC, true, none, index_i64},
+      {R::arg_device, "one argument on another device", kDPVC, true, none, other_device_argument},
+      {R::arg_last_dim_contiguous, "q with last stride 2", kDPV, true, none,
+       q_every_other_element},
+      {R::arg_last_dim_contiguous, "an index map with stride 2", kC, true, rows(2),
+       index_every_other_entry},
+      {R::arg_stride, "a negative stride", kDPVC, true, none, negative_stride},
+      {R::arg_stride, "out heads share memory", kDPV, true, PlanNeeds{.min_heads_ratio = 2},
+       out_heads_share_memory},
+      {R::arg_extent, "storage one element short", kDPVC, true, none, storage_one_short},
+      {R::arg_extent, "storage offset near INT64_MAX", kDPVC, false, none, offset_overflows},
+      {R::arg_alignment, "q not 16-byte aligned", kDPV, true, none, q_misaligned},
+      {R::arg_alignment, "an index map at an odd address", kC, true, none, index_misaligned},
+      {R::alias_overlap, "v aliases out", kDPV, true, PlanNeeds{.min_tokens = 1}, v_aliases_out},
+      {R::alias_overlap, "cache_indices inside the state pool", kC, true, rows(1),
+       index_inside_pool},
+      {R::dims_heads, "HV not a multiple of H", kDPV, true, none, heads_not_a_multiple},
+      {R::dims_head_dim, "K or V outside {64, 128}", kDPV, true, none, unsupported_head_dim},
+      {R::scalar_scale, "scale zero, negative or not finite", kDPV, true, none, bad_scale},
+      {R::scalar_lower_bound, "lower_bound >= 0 or not finite", kDPV, true,
+       PlanNeeds{.raw_gate = true}, bad_lower_bound},
+      {R::gate_params, "raw gate without A_log", kDPV, true, PlanNeeds{.raw_gate = true},
+       raw_gate_without_A_log},
+      {R::gate_params, "lower_bound with an activated g", kDPV, true, PlanNeeds{.raw_gate = false},
+       lower_bound_with_activated_gate},
+      {R::gate_cover_tokens, "gate or beta shorter than q", kDPV, true,
+       PlanNeeds{.min_tokens = 1}, gate_or_beta_short},
+      {R::state_rank, "a 3-D pool", kDPVC, true, none, pool_rank_three},
+      {R::state_inner_strides, "padded or transposed inner dims", kDPVC, true, none,
+       pool_heads_padded},
+      {R::state_slot_stride_align, "slot stride not a multiple of 16", kDPVC, true, none,
+       slot_stride_unaligned},
+      {R::state_base_align, "pool base 16 bytes off", kDPVC, true, none, pool_base_unaligned},
+      {R::state_slot_stride_min, "slots overlap", kDPVC, true, none, slot_stride_too_small},
+      {R::state_empty, "a pool of 0 slots", kDPVC, true, rows(1), empty_pool},
+      {R::index_length, "slot map one entry short", kDPVC, true, rows(1), slot_map_short},
+      {R::index_length, "row map one entry short", kVC, true,
+       PlanNeeds{.min_rows = 1, .explicit_scratch_indices = false}, row_map_short},
+      {R::index_range, "a slot past the pool", kDPVC, true,
+       with_values(PlanNeeds{.min_active_rows = 1}), slot_out_of_range},
+      {R::index_range, "a scratch index past the scratch", kVC, true,
+       with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = true,
+                             .min_rows_with_tokens = 1}),
+       scratch_index_out_of_range},
+      {R::index_unique, "two rows share a slot", kDPVC, true,
+       with_values(PlanNeeds{.min_active_rows = 2}), slot_shared_by_two_rows},
+      {R::index_padding, "-1 in initial_state_indices", kP, true, with_values(rows(1)),
+       prefill_padding_row},
+      {R::seqlens_start, "cu_seqlens[0] != 0", kPVC, true,
+       with_values(PlanNeeds{.min_rows = 1, .cu_seqlens = true}), seqlens_not_from_zero},
+      {R::seqlens_monotone, "cu_seqlens decreases", kPVC, true,
+       with_values(PlanNeeds{.min_rows = 2, .cu_seqlens = true}), seqlens_decrease},
+      {R::seqlens_total, "cu_seqlens[N] != T_tot", kPV, true, with_values(rows(1)),
+       seqlens_wrong_total},
+      {R::decode_one_token, "decode cu_seqlens not 0..B", kD, true,
+       with_values(PlanNeeds{.cu_seqlens = true}), decode_cu_not_one_token},
+      {R::prefill_indexed_pool, "prefill without its pool or indices", kP, true, none,
+       prefill_without_pool},
+      {R::verify_draft_tokens, "draft_token_num absent", kVC, true, none, draft_tokens_absent},
+      {R::verify_draft_tokens, "draft_token_num < 1", kVC, false,
+       with_values(PlanNeeds{.cu_seqlens = true, .min_rows_with_tokens = 1}),
+       draft_tokens_below_one},
+      {R::verify_scratch_steps, "T > T_alloc", kVC, true,
+       PlanNeeds{.explicit_scratch_indices = false}, more_steps_than_scratch},
+      {R::verify_scratch_layout, "scratch rows that do not flatten, or another dtype", kVC, true,
+       PlanNeeds{.min_scratch_rows = 2}, scratch_rows_do_not_flatten},
+      {R::verify_scratch_rows, "S_spec < N", kVC, true, rows(1), too_few_scratch_rows},
+      {R::verify_row_length, "a row longer than T", kVC, true,
+       with_values(PlanNeeds{.min_rows = 1, .cu_seqlens = true}), row_longer_than_draft},
+      {R::verify_row_map_identity, "permuted row map without scratch_indices", kVC, true,
+       with_values(PlanNeeds{.min_rows = 1, .explicit_scratch_indices = false}),
+       row_map_not_identity},
+      {R::verify_scratch_indices, "scratch_indices in i64 or [N, T+1]", kVC, true,
+       PlanNeeds{.explicit_scratch_indices = true}, scratch_indices_wrong_form},
+      {R::commit_accepted, "accepted outside [0, T]", kC, true, with_values(rows(1)),
+       accepted_out_of_range},
+  };
+}
+
+}  // namespace
+
+std::span<const Mutation> mutation_table() {
+  static const std::vector<Mutation> table = make_table();
+  return table;
+}
+
+std::vector<const Mutation*> mutations_for(RuleId rule) {
+  std::vector<const Mutation*> found;
+  for (const Mutation& m : mutation_table())
+    if (m.rule == rule) found.push_back(&m);
+  return found;
+}
+
+GeneratedCall mutated_call(const Mutation& m, Entry e, Chooser& choose) {
+  GeneratedCall g = generate_call(e, m.needs, choose);
+  m.apply(g, choose);
+  return g;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Random edits (fuzzing)
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+i64 interesting(Chooser& c, i64 current) {
+  static constexpr i64 kValues[] = {0,
+                                    1,
+                                    -1,
+                                    2,
+                                    15,
+                                    16,
+                                    17,
+                                    31,
+                                    32,
+                                    64,
+                                    128,
+                                    4096,
+                                    std::int64_t{1} << 31,
+                                    (std::int64_t{1} << 31) - 1,
+                                    std::int64_t{1} << 32,
+                                    std::int64_t{1} << 62,
+                                    std::numeric_limits<i64>::max(),
+                                    std::numeric_limits<i64>::min(),
+                                    std::numeric_limits<i64>::max() / 2};
+  auto wrap = [](std::uint64_t x) { return static_cast<i64>(x); };
+  const auto u = static_cast<std::uint64_t>(current);
+  switch (c.pick(0, 4)) {
+    case 0: return wrap(u + 1);
+    case 1: return wrap(u - 1);
+    case 2: return wrap(u * 2);
+    case 3: return c.pick(-64, 256);
+    default: return c.element(kValues);
+  }
+}
+
+double interesting_real(Chooser& c) {
+  static constexpr double kValues[] = {0.0, -0.0, 1.0, -1.0, 1e-300, 1e300, kNaN, kInf, -kInf,
+                                       0.125, -5.0};
+  return c.element(kValues);
+}
+
+}  // namespace
+
+void random_edit(GeneratedCall& g, Chooser& c) {
+  // Every argument slot of the entry point, present or not.
+  std::vector<Arg> slots;
+  for_each_argument(g.call, [&](Arg a, const OptionalView&) { slots.push_back(a); });
+  const auto present_list = present_args(g);
+  const Arg a = c.element(std::span<const Arg>(slots));
+  OptionalView& v = slot(g, a);
+  const int what = static_cast<int>(c.pick(0, 12));
+  if (what == 11) {  // scalars
+    Scalars& s = scalars_of(g.call);
+    switch (c.pick(0, 4)) {
+      case 0: s.scale = interesting_real(c); break;
+      case 1: s.lower_bound = interesting_real(c); break;
+      case 2: s.use_qk_l2norm = !s.use_qk_l2norm; break;
+      case 3: s.draft_token_num = interesting(c, s.draft_token_num.value_or(1)); break;
+      default: s.scale.reset(); s.lower_bound.reset(); s.draft_token_num.reset(); break;
+    }
+    return;
+  }
+  if (what == 12) {  // the call's own device
+    std::visit([&](auto& call) { call.device = other_device(call.device); }, g.call);
+    return;
+  }
+  if (what == 0) {  // presence
+    if (v) v.reset();
+    else if (!present_list.empty()) v = present(g, c.element(std::span<const Arg>(present_list)));
+    return;
+  }
+  if (!v) return;
+  TensorView& t = *v;
+  const int rank = std::clamp(t.rank, 0, kMaxRank);
+  const int d = rank > 0 ? static_cast<int>(c.pick(0, rank - 1)) : 0;
+  switch (what) {
+    case 1: {
+      static constexpr DType kAll[] = {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64};
+      t.dtype = c.element(kAll);
+      break;
+    }
+    case 2: t.device = other_device(t.device.value_or(device_of(g.call))); break;
+    case 3: {  // rank, occasionally outside [0, kMaxRank]
+      const int new_rank = static_cast<int>(c.pick(-1, kMaxRank + 1));
+      for (int i = rank; i < std::clamp(new_rank, 0, kMaxRank); ++i) {
+        t.shape[i] = 1;
+        t.stride[i] = 1;
+      }
+      t.rank = new_rank;
+      break;
+    }
+    case 4: if (rank > 0) t.shape[d] = interesting(c, t.shape[d]); break;
+    case 5: if (rank > 0) t.stride[d] = interesting(c, t.stride[d]); break;
+    case 6: t.storage_offset.count = interesting(c, t.storage_offset.count); break;
+    case 7: {
+      switch (c.pick(0, 3)) {
+        case 0: t.address = 0; break;
+        case 1: t.address = kMovedAddress + static_cast<std::uint64_t>(c.pick(0, 64)); break;
+        case 2:
+          if (!present_list.empty())
+            t.address = present(g, c.element(std::span<const Arg>(present_list))).address;
+          break;
+        default: t.address = ~std::uint64_t{0} - static_cast<std::uint64_t>(c.pick(0, 4096)); break;
+      }
+      break;
+    }
+    case 8:
+      if (c.coin()) t.storage_size.reset();
+      else t.storage_size = Elements{interesting(c, t.storage_size.value_or(Elements{}).count)};
+      break;
+    case 9: {  // values
+      if (!t.values || c.one_in(4)) {
+        if (t.values) t.values.reset();
+        else t.values = std::vector<i64>(static_cast<std::size_t>(std::clamp<i64>(t.numel(), 0, 64)), 0);
+        break;
+      }
+      auto& vals = *t.values;
+      if (vals.empty() || c.one_in(4)) vals.resize(static_cast<std::size_t>(c.pick(0, 16)), -1);
+      else vals[static_cast<std::size_t>(c.pick(0, static_cast<i64>(vals.size()) - 1))] =
+          interesting(c, 0);
+      break;
+    }
+    default:  // 10: a shape and its stride together, staying row-major-ish
+      if (rank > 0) {
+        t.shape[d] = c.pick(0, 9);
+        if (c.coin()) detach_compact(t);
+      }
+      break;
+  }
+}
+
+}  // namespace kdaguard::support
