@@ -9,9 +9,10 @@
 //   Vnew    = U - W Sk
 //   O       = (exp(G) * Q) Sk + A Vnew
 //   Sk_next = diag(exp(G_C)) Sk + (exp(G_C - G) * K)^T Vnew
-// Every exponent is a difference G_i - G_j with i >= j (or G_r itself, a difference with the chunk
-// start), so it is <= 0: nothing overflows however negative the gates, only underflows to 0
-// where the true factor is smaller still.
+// Every exponent is the sum of the gates over a span of tokens, G_i - G_j with i >= j, G_r, or
+// G_C - G_r, so it is <= 0: nothing overflows however negative the gates, only underflows to 0
+// where the true factor is smaller still. By default each is summed from the gates it spans
+// rather than subtracted from two cumulative sums (ChunkExponents says why).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,7 +37,8 @@ class ChunkedPrefill {
         V_(p.in.V),
         C_(options.chunk),
         token_(K_, V_),
-        q_(C_ * K_), k_(C_ * K_), v_(C_ * V_), G_(C_ * K_), beta_(C_),
+        q_(C_ * K_), k_(C_ * K_), v_(C_ * V_), g_(C_ * K_), G_(C_ * K_), to_end_(C_ * K_),
+        span_(K_), beta_(C_),
         L_(C_ * C_), A_(C_ * C_), T_(C_ * C_), product_(C_ * C_), power_(C_ * C_),
         scaled_k_(C_ * K_), scaled_v_(C_ * V_), W_(C_ * K_), U_(C_ * V_), v_new_(C_ * V_),
         out_(C_ * V_), S_(K_ * V_) {}
@@ -83,26 +85,37 @@ class ChunkedPrefill {
       std::copy(token_.q.begin(), token_.q.end(), q_.begin() + i * K_);
       std::copy(token_.k.begin(), token_.k.end(), k_.begin() + i * K_);
       std::copy(token_.v.begin(), token_.v.end(), v_.begin() + i * V_);
+      std::copy(token_.g.begin(), token_.g.end(), g_.begin() + i * K_);
       for (int k = 0; k < K_; ++k)
         G_[i * K_ + k] = (i == 0 ? Real(0) : G_[(i - 1) * K_ + k]) + token_.g[k];
       beta_[i] = token_.beta;
     }
+    // G_C - G_i: the gates after token i to the chunk's end.
+    for (int i = rows - 1; i >= 0; --i)
+      for (int k = 0; k < K_; ++k)
+        to_end_[i * K_ + k] =
+            options_.exponents == ChunkExponents::cumsum_differences
+                ? G_[(rows - 1) * K_ + k] - G_[i * K_ + k]
+                : (i == rows - 1 ? Real(0) : to_end_[(i + 1) * K_ + k] + g_[(i + 1) * K_ + k]);
   }
 
-  // L (strictly lower) and A (lower with the diagonal), each exponent formed per pair.
+  // L (strictly lower) and A (lower with the diagonal), each exponent G_i - G_j formed per pair:
+  // walking j down from i, span_ accumulates the gates of tokens j+1 .. i.
   void pair_products(int rows) {
+    const bool differences = options_.exponents == ChunkExponents::cumsum_differences;
     for (int i = 0; i < rows; ++i) {
-      const Real* Gi = &G_[i * K_];
       const Real* ki = &k_[i * K_];
       const Real* qi = &q_[i * K_];
-      for (int j = 0; j <= i; ++j) {
-        const Real* Gj = &G_[j * K_];
+      std::fill(span_.begin(), span_.end(), Real(0));
+      for (int j = i; j >= 0; --j) {
         const Real* kj = &k_[j * K_];
         Real kk = 0, qk = 0;
         for (int c = 0; c < K_; ++c) {
-          const Real decayed_kj = kj[c] * std::exp(Gi[c] - Gj[c]);
+          const Real exponent = differences ? G_[i * K_ + c] - G_[j * K_ + c] : span_[c];
+          const Real decayed_kj = kj[c] * std::exp(exponent);
           kk += ki[c] * decayed_kj;
           qk += qi[c] * decayed_kj;
+          span_[c] += g_[j * K_ + c];
         }
         at(A_, i, j, C_) = qk;
         at(L_, i, j, C_) = j < i ? beta_[i] * kk : Real(0);
@@ -202,7 +215,7 @@ class ChunkedPrefill {
       const Real decay = std::exp(G_last[c]);
       for (int v = 0; v < V_; ++v) s[v] *= decay;
       for (int i = 0; i < rows; ++i) {
-        const Real kd = std::exp(G_last[c] - G_[i * K_ + c]) * k_[i * K_ + c];
+        const Real kd = std::exp(to_end_[i * K_ + c]) * k_[i * K_ + c];
         const Real* vn = &v_new_[i * V_];
         for (int v = 0; v < V_; ++v) s[v] += kd * vn[v];
       }
@@ -213,7 +226,9 @@ class ChunkedPrefill {
   ChunkOptions options_;
   int K_, V_, C_;
   detail::TokenHead<Real> token_;
-  std::vector<Real> q_, k_, v_, G_, beta_;         // chunk rows; G cumulative
+  std::vector<Real> q_, k_, v_, g_, G_, to_end_;  // chunk rows: gates, G_r, G_C - G_r
+  std::vector<Real> span_;                        // [K], a running exponent
+  std::vector<Real> beta_;
   std::vector<Real> L_, A_, T_, product_, power_;  // C x C
   std::vector<Real> scaled_k_, scaled_v_, W_, U_, v_new_, out_;
   std::vector<Real> S_;                            // K x V

@@ -51,14 +51,26 @@ enum class ChunkInverse : std::uint8_t {
   forward_substitution,  // T = (I + L)^-1 row by row; any chunk size
   neumann_product,       // T = (I - L)(I + L^2)(I + L^4)(I + L^8); chunks of at most 16 tokens
 };
+// How an exponent over the tokens (j, i] of a chunk is formed. Both are sums of gates <= 0,
+// never factorised around a pivot, so every exponent is <= 0.
+enum class ChunkExponents : std::uint8_t {
+  // The gates between the two tokens summed directly (running sums per pair, suffix sums for
+  // G_C - G_i): no cancellation, accurate in f32 whatever the decays.
+  gate_sums,
+  // G_i - G_j from the in-chunk cumulative sums, as kda-math.md writes it. In f32 this cancels:
+  // after a decay of -1000 (or 64 tokens at -5) G is large and G_i - G_j loses |G| * 2^-24 of
+  // absolute accuracy, a relative error of that size in exp(G_i - G_j).
+  cumsum_differences,
+};
 struct ChunkOptions {
   int chunk = 64;  // tokens per chunk, >= 1 (16 and 64 are the designs in use)
   ChunkInverse inverse = ChunkInverse::forward_substitution;
+  ChunkExponents exponents = ChunkExponents::gate_sums;
 };
 
 // Every step of the chunked form in `Real` (float or double): inputs converted to Real, gates,
 // norms, products, exponentials and the state carried across chunks all in Real. Exponents are
-// formed per pair as G_i - G_j (never factorised around a pivot), so they are all <= 0.
+// formed per pair (never factorised around a pivot), so they are all <= 0.
 // Writes nothing; an unsupported option (neumann_product with chunk > 16, chunk < 1) is refused
 // with StatusCode::unsupported.
 template <class Real>
