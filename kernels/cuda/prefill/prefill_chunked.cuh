@@ -54,10 +54,10 @@ template <int K, int V> struct ChunkLayout {
 template <int K, int V> struct alignas(16) ChunkShared {
   using Layout = ChunkLayout<K, V>;
   // Staging, double buffered: raw 16-bit q, k, v rows and raw gate rows (16- or 32-bit).
-  std::uint16_t q[2][kChunk][K];
-  std::uint16_t k[2][kChunk][K];
-  std::uint16_t v[2][kChunk][V];
-  std::uint32_t gate[2][kChunk][K];
+  alignas(16) std::uint16_t q[2][kChunk][K];
+  alignas(16) std::uint16_t k[2][kChunk][K];
+  alignas(16) std::uint16_t v[2][kChunk][V];
+  alignas(16) std::uint32_t gate[2][kChunk][K];
   float beta_raw[2][kChunk];
   // This chunk.
   float q_scale[kChunk];  // L2 norm (optional) and scale
@@ -66,17 +66,17 @@ template <int K, int V> struct alignas(16) ChunkShared {
   float gate_total[Layout::kGroups][K];
   float G[kChunk][K];     // cumulative gate, log2 units
   float X[kChunk][K];     // beta * exp(G) * k
-  float decay_end[K];     // exp(G_C)
-  __nv_bfloat16 Qp[kChunk][Layout::kLdK];    // q 2^(G - G_p)
-  __nv_bfloat16 Kp[kChunk][Layout::kLdK];    // k 2^(G - G_p)
-  __nv_bfloat16 Kn[kChunk][Layout::kLdK];    // k 2^(G_p - G)
-  __nv_bfloat16 Qg[kChunk][Layout::kLdK];    // q exp(G)
-  __nv_bfloat16 Kd[kChunk][Layout::kLdK];    // k exp(G_C - G)
-  __nv_bfloat16 Wneg[kChunk][Layout::kLdK];  // -W
-  __nv_bfloat16 A[kChunk][Layout::kLdA];
-  __nv_bfloat16 Vnew[kChunk][Layout::kLdV];
-  float L[kChunk][kChunk];
-  float U[kChunk][V];
+  alignas(16) float decay_end[K];  // exp(G_C)
+  alignas(16) __nv_bfloat16 Qp[kChunk][Layout::kLdK];    // q 2^(G - G_p)
+  alignas(16) __nv_bfloat16 Kp[kChunk][Layout::kLdK];    // k 2^(G - G_p)
+  alignas(16) __nv_bfloat16 Kn[kChunk][Layout::kLdK];    // k 2^(G_p - G)
+  alignas(16) __nv_bfloat16 Qg[kChunk][Layout::kLdK];    // q exp(G)
+  alignas(16) __nv_bfloat16 Kd[kChunk][Layout::kLdK];    // k exp(G_C - G)
+  alignas(16) __nv_bfloat16 Wneg[kChunk][Layout::kLdK];  // -W
+  alignas(16) __nv_bfloat16 A[kChunk][Layout::kLdA];
+  alignas(16) __nv_bfloat16 Vnew[kChunk][Layout::kLdV];
+  alignas(16) float L[kChunk][kChunk];
+  alignas(16) float U[kChunk][V];
   int span_bits;  // max |G_i - G_p| of the chunk, as float bits (non-negative: int order)
 };
 
@@ -272,6 +272,11 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         if (gi * Layout::kGroupRows <= kPivotRow) pivot += t;  // groups covering rows 0..7
         total += t;
       }
+      // Per element: up = 2^(G - G_p) and down = 2^(G_p - G). Within the span limit the decays
+      // follow from them and two per-channel factors, exp(G) = up 2^G_p and
+      // exp(G_C - G) = 2^(G_C - G_p) down (a factor that underflows stands for a true value below
+      // 2^-36 there); outside it (a chunk that takes the per-pair path) they are formed directly.
+      const float pivot_decay = exp2f(pivot), pivot_to_end = exp2f(total - pivot);
       float span = 0.f;
 #pragma unroll
       for (int i = 0; i < Layout::kGroupRows; ++i) {
@@ -279,12 +284,13 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         const float G = prefix + G_local[i];
         const float q = half_bits_to_f32(sm.q[buf][r][ch], io) * sm.q_scale[r];
         const float k = half_bits_to_f32(sm.k[buf][r][ch], io) * sm.k_scale[r];
-        const float decay = exp2f(G);
-        const float to_end = exp2f(total - G);
         const float d = G - pivot;
         span = fmaxf(span, fabsf(d));
+        const bool within = fabsf(d) <= kSpanLimit;
         const float dc = fminf(fmaxf(d, -kSpanLimit), kSpanLimit);
         const float up = exp2f(dc), down = exp2f(-dc);
+        const float decay = within ? up * pivot_decay : exp2f(G);
+        const float to_end = within ? pivot_to_end * down : exp2f(total - G);
         sm.G[r][ch] = G;
         sm.X[r][ch] = sm.beta[r] * decay * k;
         sm.Qp[r][ch] = __float2bfloat16_rn(q * up);
@@ -362,9 +368,18 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       }
 #pragma unroll
       for (int i = 1; i < kChunk; ++i) {
+        float row[kChunk];  // L[i][:], four broadcast 16-byte loads
+#pragma unroll
+        for (int j4 = 0; j4 < kChunk / 4; ++j4) {
+          const float4 l4 = *reinterpret_cast<const float4*>(&sm.L[i][4 * j4]);
+          row[4 * j4] = l4.x;
+          row[4 * j4 + 1] = l4.y;
+          row[4 * j4 + 2] = l4.z;
+          row[4 * j4 + 3] = l4.w;
+        }
         float acc = x[i];
 #pragma unroll
-        for (int j = 0; j < i; ++j) acc -= sm.L[i][j] * x[j];
+        for (int j = 0; j < i; ++j) acc -= row[j] * x[j];
         x[i] = acc;
       }
       if (tid < K) {

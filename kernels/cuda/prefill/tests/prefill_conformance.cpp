@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
-#include <rapidcheck/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -86,7 +85,7 @@ class DeviceCopy {
 class DeviceWord {
  public:
   DeviceWord() {
-    CUDA_OK(cudaMalloc(&word_, sizeof(unsigned long long)));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&word_), sizeof(unsigned long long)));
     CUDA_OK(cudaMemset(word_, 0, sizeof(unsigned long long)));
   }
   ~DeviceWord() { cudaFree(word_); }
@@ -294,18 +293,19 @@ TEST(PrefillGpu, TinyThenLongThenEmpty) {
 }
 
 // Random valid calls of every form the contracts accept (layouts, strides, pools, dtypes).
-// RC_PARAMS=max_success=N sets how many.
-RC_GTEST_PROP(PrefillGpuProperty, MatchesReference, ()) {
-  if (!have_sm90()) {
-    RC_DISCARD("no sm_90 device");
-  }
-  support::GenLimits limits;
-  limits.max_seq_len = 200;
-  const ProblemSpec spec = *support::gen_prefill_spec(limits);
-  const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
-  const Judgement j = run_and_judge(spec, seed);
-  worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
-  RC_ASSERT(j.failure.empty());
+// RC_PARAMS=max_success=N sets how many (RapidCheck's default: 100).
+TEST(PrefillGpu, RandomCallsMatchReference) {
+  REQUIRE_SM90();
+  const bool ok = rc::check("prefill on the GPU matches the f64 reference", [] {
+    support::GenLimits limits;
+    limits.max_seq_len = 200;
+    const ProblemSpec spec = *support::gen_prefill_spec(limits);
+    const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+    const Judgement j = run_and_judge(spec, seed);
+    worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
+    RC_ASSERT(j.failure.empty());
+  });
+  EXPECT_TRUE(ok);
 }
 
 // A slot index the host never saw, out of range on the device: that sequence is skipped and
@@ -356,7 +356,7 @@ TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
     CUDA_OK(cudaMemcpy(indices, dup, sizeof dup, cudaMemcpyHostToDevice));
     DeviceWord error_word;
     std::int32_t* row_flags = nullptr;
-    CUDA_OK(cudaMalloc(&row_flags, 3 * sizeof(std::int32_t)));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&row_flags), 3 * sizeof(std::int32_t)));
     CUDA_OK(gpu::detail::launch_prefill_guard(p2, {}, error_word.get(), row_flags, nullptr));
     CUDA_OK(gpu::detail::launch_prefill(p2, {error_word.get(), row_flags}, nullptr));
     CUDA_OK(cudaDeviceSynchronize());

@@ -1,0 +1,111 @@
+// Device building blocks shared by the decode, verify, commit and guard kernels: element types,
+// conversions, loads of a run-time dtype, warp reductions, and the 16-byte state-row accessors.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kdaguard/contracts/tensor_view.h"
+
+namespace kdaguard::gpu::detail {
+
+// ---- element conversions (round to nearest even on the way out) -------------------------------
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// One element of a tensor whose dtype is only known at run time (gates and beta may be f32 while
+// q, k, v are 16-bit). `index` is in elements.
+__device__ __forceinline__ float load_f32(const void* base, DType dtype, std::int64_t index) {
+  switch (dtype) {
+    case DType::f16: return __half2float(static_cast<const __half*>(base)[index]);
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
+    default: return static_cast<const float*>(base)[index];
+  }
+}
+
+// ---- reductions ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// Sum over aligned groups of `kLanes` consecutive lanes (a power of two <= 32); every lane of the
+// group gets the group's sum.
+template <int kLanes> __device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// ---- state rows ---------------------------------------------------------------------------------
+// A state row is K contiguous elements (the pool is [S, HV, V, K]). A row is held by a group of
+// kLanes = K / 16 lanes, 16 elements each, read and written as 16-byte vectors. Vector c of lane j
+// covers elements [(c * kLanes + j) * kPerVec, +kPerVec): for each c the group's lanes touch one
+// contiguous span, so every load instruction is fully coalesced.
+
+template <class ST> struct StateVec;  // 16 bytes of state elements
+template <> struct StateVec<float> {
+  static constexpr int kPerVec = 4;
+  __device__ __forceinline__ static void unpack(const uint4& raw, float* out) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  }
+  __device__ __forceinline__ static uint4 pack(const float* in) {
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
+                      __float_as_uint(in[3]));
+  }
+  __device__ __forceinline__ static float round(float x) { return x; }
+};
+template <> struct StateVec<__nv_bfloat16> {
+  static constexpr int kPerVec = 8;
+  __device__ __forceinline__ static float lo(unsigned w) { return __uint_as_float(w << 16); }
+  __device__ __forceinline__ static float hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+  __device__ __forceinline__ static void unpack(const uint4& raw, float* out) {
+    out[0] = lo(raw.x); out[1] = hi(raw.x);
+    out[2] = lo(raw.y); out[3] = hi(raw.y);
+    out[4] = lo(raw.z); out[5] = hi(raw.z);
+    out[6] = lo(raw.w); out[7] = hi(raw.w);
+  }
+  __device__ __forceinline__ static unsigned pair(float a, float b) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);  // a in the low half
+    return *reinterpret_cast<const unsigned*>(&p);
+  }
+  __device__ __forceinline__ static uint4 pack(const float* in) {
+    return make_uint4(pair(in[0], in[1]), pair(in[2], in[3]), pair(in[4], in[5]),
+                      pair(in[6], in[7]));
+  }
+  __device__ __forceinline__ static float round(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  }
+};
+
+// Streaming accesses: every state byte is touched once per call, so keep it from evicting the
+// small, reused inputs.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  return __ldcs(static_cast<const uint4*>(p));
+}
+__device__ __forceinline__ void store_stream(void* p, const uint4& v) {
+  __stcs(static_cast<uint4*>(p), v);
+}
+
+__device__ __forceinline__ void raise(unsigned long long* error_word, std::uint64_t bits) {
+  if (error_word != nullptr && bits != 0) atomicOr(error_word, static_cast<unsigned long long>(bits));
+}
+
+}  // namespace kdaguard::gpu::detail

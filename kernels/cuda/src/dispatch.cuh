@@ -1,0 +1,36 @@
+// Turns the run-time choices of a lowered call (q/k/v dtype, state dtype, K, rows per thread) into
+// the compile-time parameters of a kernel template. Every combination the contracts accept has
+// an instantiation; V, strides, gate and beta forms stay run-time.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "kdaguard/contracts/tensor_view.h"
+
+namespace kdaguard::gpu::detail {
+
+// Calls f.template operator()<IO, ST, K, R>() for the matching instantiation.
+template <class F>
+cudaError_t dispatch_tile(DType io, DType state, int K, int rows_per_thread, F&& f) {
+  auto with_rows = [&]<class IO, class ST, int KK>() -> cudaError_t {
+    return rows_per_thread == 2 ? f.template operator()<IO, ST, KK, 2>()
+                                : f.template operator()<IO, ST, KK, 1>();
+  };
+  auto with_k = [&]<class IO, class ST>() -> cudaError_t {
+    return K == 64 ? with_rows.template operator()<IO, ST, 64>()
+                   : with_rows.template operator()<IO, ST, 128>();
+  };
+  auto with_state = [&]<class IO>() -> cudaError_t {
+    return state == DType::bf16 ? with_k.template operator()<IO, __nv_bfloat16>()
+                                : with_k.template operator()<IO, float>();
+  };
+  switch (io) {
+    case DType::f16: return with_state.template operator()<__half>();
+    case DType::bf16: return with_state.template operator()<__nv_bfloat16>();
+    default: return with_state.template operator()<float>();
+  }
+}
+
+}  // namespace kdaguard::gpu::detail

@@ -1,0 +1,71 @@
+// The CUDA entry points: decode, verify and commit on an NVIDIA Hopper GPU (sm_90a).
+//
+// Every entry point takes its call, validates it (the meta rules always; the value rules on the
+// host for every index tensor that carries a host copy of its values) and refuses a rejected call
+// with the violations before any launch: a refused call touches no memory. An accepted call is
+// lowered to its params struct and launched on the given stream. The launch path never
+// synchronises the device and allocates nothing, so it can be captured in a CUDA graph.
+//
+// Value rules whose values live only on the device are checked there by a guard kernel that runs
+// before the main kernel on the same stream. It needs a DeviceGuard from the caller: an error
+// word, into which the bit value_checks::rule_bit(rule) of every rule that fired is OR-ed, and one
+// int32 of scratch per row. A row the guard rejects is skipped entirely (no output, no state read
+// or written); the other rows run normally. The kernels also re-check, on their own row, every
+// index they dereference, so no index value can send them outside the buffers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kdaguard/contracts/call.h"
+#include "kdaguard/contracts/rules.h"
+#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/status.h"
+
+namespace kdaguard::gpu {
+
+struct DeviceGuard {
+  // Device memory, one 64-bit word; the kernels only OR bits into it (the caller clears it).
+  unsigned long long* error_word = nullptr;
+  // Device memory, row_flags_capacity int32 entries; the guard kernel's per-row verdicts. Needs
+  // one entry per row: B for decode, N for verify and commit.
+  std::int32_t* row_flags = nullptr;
+  std::int64_t row_flags_capacity = 0;
+};
+
+struct LaunchOptions {
+  cudaStream_t stream = nullptr;
+  DeviceGuard guard;
+  // Tuning: state rows each thread carries in decode and verify (1 or 2); 0 chooses from the
+  // grid size. Results are identical for every choice.
+  int rows_per_thread = 0;
+};
+
+// Whether the call can run here, without launching anything: the contracts accept it, the call is
+// for the current CUDA device, and that device is a compute capability 9.0 GPU. A refusal carries
+// the verdict (rejected) or the reason (unsupported).
+Status can_implement(const DecodeCall& call);
+Status can_implement(const VerifyCall& call);
+Status can_implement(const CommitCall& call);
+
+// One token per request; state slot cache_indices[b] is updated in place; -1 rows get zero
+// outputs and no state access.
+Status decode(const DecodeCall& call, const LaunchOptions& options = {});
+// N rows of up to T tokens from the committed state (read only); the state after step t of row n
+// goes to its scratch slot. Padding rows get zero outputs and write no scratch.
+Status verify(const VerifyCall& call, const LaunchOptions& options = {});
+// The state after row n's last accepted step is copied into slot cache_indices[n]; rows that
+// accepted nothing, and padding rows, are left alone.
+Status commit(const CommitCall& call, const LaunchOptions& options = {});
+
+// The rules whose bits are set in an error word read back from a DeviceGuard, in catalogue order.
+inline std::vector<RuleId> rules_in(std::uint64_t error_word) {
+  std::vector<RuleId> fired;
+  for (const RuleInfo& info : rule_catalogue())
+    if (error_word & value_checks::rule_bit(info.rule)) fired.push_back(info.rule);
+  return fired;
+}
+
+}  // namespace kdaguard::gpu
