@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Compares bench_decode results (Google Benchmark JSON) with a stored baseline and with the peer.
+
+  compare_baselines.py NEW.json --baseline OLD.json [--threshold 0.10]
+      One line per benchmark in both files: old and new time, the change, and REGRESSION where the
+      new median is slower by more than the threshold (default 10%). Exits 1 on any regression.
+      Percent-of-copy figures are compared too, since they carry each run's own ceiling.
+  compare_baselines.py NEW.json --peer PEER.json
+      Our time next to the peer's (bench/peer_fla.py) on the same shapes: speedup = peer / ours.
+
+Uses the median aggregate of each benchmark when repetitions were run, else its single entry.
+"""
+import argparse
+import json
+import re
+import sys
+
+
+def load_benchmarks(path):
+    with open(path) as f:
+        doc = json.load(f)
+    medians, singles = {}, {}
+    for b in doc.get("benchmarks", []):
+        if b.get("error_occurred"):
+            continue
+        name = b.get("run_name", b["name"])
+        entry = {"us": to_us(b["real_time"], b.get("time_unit", "ns")),
+                 "pct_copy": b.get("pct_copy"), "TBps": b.get("TBps")}
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[name] = entry
+        else:
+            singles.setdefault(name, entry)
+    singles.update(medians)
+    return doc.get("context", {}), singles
+
+
+def to_us(value, unit):
+    return value * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[unit]
+
+
+def short(name):
+    """BM_Decode/B:64/bf16_state:0/rows_per_thread:0/manual_time -> the peer's key."""
+    name = name.replace("/manual_time", "")
+    return re.sub(r"/rows_per_thread:0$", "", name)
+
+
+def compare_baseline(new, old, threshold):
+    regressions = 0
+    print(f"| benchmark | old us | new us | change | old % copy | new % copy | |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sorted(set(new) & set(old)):
+        n, o = new[name], old[name]
+        change = n["us"] / o["us"] - 1.0
+        flag = "REGRESSION" if change > threshold else ""
+        regressions += bool(flag)
+        pct = lambda e: f"{e['pct_copy']:.1f}" if e.get("pct_copy") is not None else ""
+        print(f"| {name} | {o['us']:.2f} | {n['us']:.2f} | {change:+.1%} | {pct(o)} | {pct(n)} | {flag} |")
+    missing = sorted(set(old) - set(new))
+    if missing:
+        print(f"\nin the baseline only: {', '.join(missing)}")
+    return regressions
+
+
+def compare_peer(new, peer):
+    ours = {short(k): v for k, v in new.items()}
+    print(f"| shape | ours us | ours % copy | peer us | peer % copy | speedup |")
+    print("|---|---|---|---|---|---|")
+    for p in peer["results"]:
+        o = ours.get(p["name"])
+        if o is None:
+            continue
+        print(f"| {p['name']} | {o['us']:.2f} | {o['pct_copy']:.1f} | {p['us']:.2f} | "
+              f"{p['pct_copy']:.1f} | {p['us'] / o['us']:.2f}x |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("new")
+    parser.add_argument("--baseline")
+    parser.add_argument("--peer")
+    parser.add_argument("--threshold", type=float, default=0.10)
+    args = parser.parse_args()
+    context, new = load_benchmarks(args.new)
+    status = 0
+    if args.baseline:
+        _, old = load_benchmarks(args.baseline)
+        regressions = compare_baseline(new, old, args.threshold)
+        print(f"\n{regressions} regression(s) past {args.threshold:.0%}")
+        status = 1 if regressions else 0
+    if args.peer:
+        with open(args.peer) as f:
+            peer = json.load(f)
+        print(f"\nours: copy ceiling {float(context.get('copy_ceiling_TBps', 0)):.3f} TB/s; "
+              f"peer run: {peer['copy_TBps']:.3f} TB/s ({peer.get('gpu', '')}, torch {peer.get('torch', '')})")
+        compare_peer(new, peer)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# GPU conformance and benchmarks of the decode/verify/commit kernels, on a machine with an sm_90
+# GPU; writes a short summary to REPORT_DIR/gpu.md and the logs and JSON beside it.
+#   scripts/gpu_report.sh REPORT_DIR
+#   BUILD_DIR   build tree holding the test and bench binaries (default: build)
+#   GPU_CASES   random calls per conformance property (default 1000)
+#   SANITIZER_CASES  calls per property under compute-sanitizer memcheck and racecheck (default 8)
+#   PEER=1      also time the peer (bench/peer_fla.py; needs fla importable by python3)
+#   T_CONF, T_SAN, T_BENCH, T_PEER  per-step time limits in seconds (300, 120 each, 300, 420)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+report_dir=${1:?usage: scripts/gpu_report.sh REPORT_DIR}
+build=${BUILD_DIR:-build}
+cases=${GPU_CASES:-1000}
+sanitizer_cases=${SANITIZER_CASES:-8}
+mkdir -p "$report_dir"
+summary="$report_dir/gpu.md"
+tests="$build/kernels/cuda/tests"
+bench="$build/bench/bench_decode"
+status=0
+
+{
+  echo "## GPU: decode, verify, commit"
+  echo
+  echo "Device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
+} >"$summary"
+
+echo "== conformance ($cases random calls per property) and device-guard tests"
+KDAGUARD_GPU_CASES=$cases timeout "${T_CONF:-300}" "$tests/gpu_conformance" >"$report_dir/conformance.log" 2>&1 || status=1
+timeout 120 "$tests/gpu_guard" >>"$report_dir/conformance.log" 2>&1 || status=1
+{
+  echo
+  echo "### Conformance (f64 reference, kda-math.md tolerances)"
+  echo '```'
+  grep -E "^conformance |^refusals:|\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$report_dir/conformance.log"
+  echo '```'
+} >>"$summary"
+
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  echo "== compute-sanitizer memcheck and racecheck ($sanitizer_cases calls per property)"
+  : >"$report_dir/sanitizer.log"
+  for tool in memcheck racecheck; do
+    for bin in gpu_conformance gpu_guard; do
+      echo "--- $tool $bin" >>"$report_dir/sanitizer.log"
+      KDAGUARD_GPU_CASES=$sanitizer_cases timeout "${T_SAN:-120}" compute-sanitizer --tool "$tool" \
+        --error-exitcode 3 "$tests/$bin" --gtest_brief=1 >>"$report_dir/sanitizer.log" 2>&1 || status=1
+    done
+  done
+  {
+    echo
+    echo "### compute-sanitizer"
+    echo '```'
+    grep -E "^--- |ERROR SUMMARY|RACECHECK SUMMARY|\[  (PASSED|FAILED) " "$report_dir/sanitizer.log"
+    echo '```'
+  } >>"$summary"
+fi
+
+echo "== benchmarks"
+timeout "${T_BENCH:-300}" "$bench" --benchmark_repetitions=5 --benchmark_min_time=0.05 \
+  --benchmark_display_aggregates_only=true --benchmark_out="$report_dir/bench_decode.json" \
+  --benchmark_out_format=json >"$report_dir/bench.log" 2>&1 || status=1
+{
+  echo
+  echo "### Benchmarks (median of 5; $(grep -m1 'copy ceiling' "$report_dir/bench.log"))"
+  echo '```'
+  grep -E "_median" "$report_dir/bench.log" | sed -E 's/ +[0-9.]+ us +[0-9]+ bytes=/ bytes=/'
+  echo '```'
+} >>"$summary"
+if [ -f bench/baselines/bench_decode.json ]; then
+  { echo; echo "### Against bench/baselines/bench_decode.json"; echo;
+    python3 bench/compare_baselines.py "$report_dir/bench_decode.json" \
+      --baseline bench/baselines/bench_decode.json; } >>"$summary" || true
+fi
+
+if [ "${PEER:-0}" = 1 ]; then
+  echo "== peer (flash-linear-attention fused_recurrent_kda)"
+  if timeout "${T_PEER:-420}" python3 bench/peer_fla.py --out "$report_dir/peer.json" >"$report_dir/peer.log" 2>&1; then
+    { echo; echo "### Peer, same run"; echo;
+      python3 bench/compare_baselines.py "$report_dir/bench_decode.json" --peer "$report_dir/peer.json"; } >>"$summary"
+  else
+    { echo; echo "Peer run failed: $(tail -3 "$report_dir/peer.log")"; } >>"$summary"
+  fi
+fi
+
+cat "$summary"
+exit $status
