@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 
 namespace kdaguard::support {
@@ -20,6 +21,28 @@ std::string BoundsReport::summary() const {
 namespace {
 
 constexpr std::size_t kMaxFindings = 16;
+
+// Checked arithmetic: absurd views (the fuzzers make them) must not overflow the oracle itself.
+std::optional<i128> mul(i128 a, i128 b) {
+  i128 r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+std::optional<i128> add(i128 a, i128 b) {
+  i128 r = 0;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+std::optional<i64> add64(i64 a, i64 b) {
+  i64 r = 0;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+std::optional<i64> mul64(i64 a, i64 b) {
+  i64 r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
 
 struct Range {
   int space;      // 0: absolute addresses; 1 + arg: an allocation of its own (address 0)
@@ -111,14 +134,16 @@ class Walker {
     // The sub-view: sizes, strides and the element offset of its first element.
     std::array<i64, kMaxRank> size{}, stride{};
     int n = 0;
-    i128 first = t->storage_offset.count;
-    for (int d = 0; d < b.rank; ++d) {
-      first += static_cast<i128>(b.lo[d]) * t->stride[d];
+    std::optional<i128> first = t->storage_offset.count;
+    for (int d = 0; d < b.rank && first; ++d) {
+      const auto step = mul(b.lo[d], t->stride[d]);
+      first = step ? add(*first, *step) : std::nullopt;
       const i64 extent = b.hi[d] - b.lo[d];
       if (extent == 1) continue;
       // Merge with the previous dim when the two are laid out as one.
-      if (n > 0 && static_cast<i128>(stride[n - 1]) == static_cast<i128>(extent) * t->stride[d]) {
-        size[n - 1] *= extent;
+      const auto merged = n > 0 ? mul64(size[n - 1], extent) : std::nullopt;
+      if (merged && static_cast<i128>(stride[n - 1]) == static_cast<i128>(extent) * t->stride[d]) {
+        size[n - 1] = *merged;
         stride[n - 1] = t->stride[d];
         continue;
       }
@@ -126,16 +151,26 @@ class Walker {
       stride[n] = t->stride[d];
       ++n;
     }
+    if (!first) {
+      finding(fmt::format("{}: an element offset overflows 128-bit arithmetic", name));
+      return;
+    }
     // The innermost dim is one run when its stride is 1 (or -1: the same bytes, backwards).
     i64 run = 1;
     i128 run_start_shift = 0;
     if (n > 0 && (stride[n - 1] == 1 || stride[n - 1] == -1)) {
       run = size[n - 1];
-      if (stride[n - 1] == -1) run_start_shift = -(run - 1);
+      if (stride[n - 1] == -1) run_start_shift = -(static_cast<i128>(run) - 1);
       --n;
     }
     i128 runs = 1;
-    for (int d = 0; d < n; ++d) runs *= size[d];
+    for (int d = 0; d < n; ++d) {
+      runs *= size[d];
+      if (report_.ranges + runs > max_ranges_) {
+        report_.complete = false;
+        return;
+      }
+    }
     if (report_.ranges + runs > max_ranges_) {
       report_.complete = false;
       return;
@@ -143,9 +178,16 @@ class Walker {
     const i64 es = element_size(t->dtype);
     std::array<i64, kMaxRank> at{};
     for (i128 r = 0; r < runs; ++r) {
-      i128 offset = first + run_start_shift;
-      for (int d = 0; d < n; ++d) offset += static_cast<i128>(at[d]) * stride[d];
-      add_range(*t, a, write, offset, run, es);
+      std::optional<i128> offset = add(*first, run_start_shift);
+      for (int d = 0; d < n && offset; ++d) {
+        const auto step = mul(at[d], stride[d]);
+        offset = step ? add(*offset, *step) : std::nullopt;
+      }
+      if (!offset) {
+        finding(fmt::format("{}: an element offset overflows 128-bit arithmetic", name));
+        return;
+      }
+      add_range(*t, a, write, *offset, run, es);
       for (int d = n - 1; d >= 0; --d) {  // odometer
         if (++at[d] < size[d]) break;
         at[d] = 0;
@@ -153,18 +195,29 @@ class Walker {
     }
   }
 
+  // Whether the walk has run out of its budget (ranges, or findings worth reporting): loops over
+  // rows stop then.
+  bool exhausted() const { return !report_.complete || report_.findings.size() >= kMaxFindings; }
+
   void add_range(const TensorView& t, Arg a, bool write, i128 first, i64 count, i64 es) {
     ++report_.ranges;
-    const i128 last = first + count - 1;
     const std::string_view name = arg_name(a);
+    // Past 2^96 elements no allocation can hold it; keeping below keeps the byte math exact.
+    constexpr i128 kFar = static_cast<i128>(1) << 96;
     if (first < 0) {
-      finding(fmt::format("{} touches element {} before the start of its allocation", name,
-                          static_cast<i64>(first)));
+      finding(fmt::format("{} touches an element before the start of its allocation (offset {})",
+                          name, static_cast<long double>(first)));
       return;
     }
+    const i128 last = first + count - 1;
     if (t.storage_size && last >= t.storage_size->count) {
       finding(fmt::format("{} touches element {} of an allocation of {} elements", name,
                           static_cast<long double>(last), t.storage_size->count));
+      return;
+    }
+    if (last >= kFar) {
+      finding(fmt::format("{} touches element {}, past any address space", name,
+                          static_cast<long double>(last)));
       return;
     }
     Range r{0, first * es, (last + 1) * es, a, write};
@@ -219,6 +272,9 @@ class Walker {
 // What each entry point touches
 // ------------------------------------------------------------------------------------------------
 
+// x + 1, saturating (row counts from absurd shapes).
+i64 plus1(i64 x) { return x == std::numeric_limits<i64>::max() ? x : x + 1; }
+
 struct TokenDims {
   i64 rows = 0, H = 0, K = 0, HV = 0, V = 0;
 };
@@ -242,7 +298,8 @@ void touch_tokens(Walker& w, const TokenDims& d, i64 t0, i64 t1) {
 
 void touch_gate_params(Walker& w, const TokenDims& d) {
   if (w.view(Arg::a)) w.touch(Arg::A_log, false, box({{0, d.HV}}));
-  if (w.view(Arg::dt_bias)) w.touch(Arg::dt_bias, false, box({{0, d.HV * d.K}}));
+  if (w.view(Arg::dt_bias))
+    w.touch(Arg::dt_bias, false, box({{0, mul64(d.HV, d.K).value_or(std::numeric_limits<i64>::max())}}));
 }
 
 // Slot `slot` of a pool [S, HV, V, K] (all slots when the slot is unknown).
@@ -251,6 +308,10 @@ void touch_pool(Walker& w, Arg pool, std::optional<i64> slot, bool write) {
   if (t == nullptr) return;
   if (t->rank != 4) {
     w.finding(fmt::format("{} has rank {}; pools are [S, HV, V, K]", arg_name(pool), t->rank));
+    return;
+  }
+  if (slot && (*slot < 0 || *slot >= t->shape[0])) {
+    w.finding(fmt::format("{} slot {} lies outside its {} slots", arg_name(pool), *slot, t->shape[0]));
     return;
   }
   const i64 lo = slot.value_or(0), hi = slot ? *slot + 1 : t->shape[0];
@@ -293,12 +354,12 @@ void walk_decode(Walker& w) {
   touch_tokens(w, *d, 0, d->rows);
   touch_gate_params(w, *d);
   w.touch(Arg::cache_indices, false, box({{0, d->rows}}));
-  if (w.view(Arg::cu_seqlens)) w.touch(Arg::cu_seqlens, false, box({{0, d->rows + 1}}));
+  if (w.view(Arg::cu_seqlens)) w.touch(Arg::cu_seqlens, false, box({{0, plus1(d->rows)}}));
   if (!w.has_values(Arg::cache_indices)) {
     touch_pool(w, Arg::state, std::nullopt, true);
     return;
   }
-  for (i64 b = 0; b < d->rows; ++b) {
+  for (i64 b = 0; b < d->rows && !w.exhausted(); ++b) {
     const auto slot = w.value(Arg::cache_indices, b);
     if (slot && *slot == -1) continue;  // padding row: state untouched
     touch_pool(w, Arg::state, slot, true);
@@ -309,6 +370,7 @@ void walk_decode(Walker& w) {
 std::optional<std::vector<std::pair<i64, i64>>> row_ranges(Walker& w, i64 n) {
   if (!w.has_values(Arg::cu_seqlens)) return std::nullopt;
   std::vector<std::pair<i64, i64>> rows;
+  if (n > (1 << 20)) return std::nullopt;
   for (i64 r = 0; r < n; ++r) {
     const auto b = w.value(Arg::cu_seqlens, r), e = w.value(Arg::cu_seqlens, r + 1);
     if (!b || !e) return std::nullopt;
@@ -323,11 +385,14 @@ void walk_prefill(Walker& w) {
   if (!d || !cu_len) return;
   const i64 n = *cu_len - 1;
   touch_gate_params(w, *d);
-  w.touch(Arg::cu_seqlens, false, box({{0, n + 1}}));
+  w.touch(Arg::cu_seqlens, false, box({{0, plus1(n)}}));
   w.touch(Arg::initial_state_indices, false, box({{0, n}}));
   const auto rows = row_ranges(w, n);
   if (rows) {
-    for (auto [t0, t1] : *rows) touch_tokens(w, *d, t0, t1);
+    for (auto [t0, t1] : *rows) {
+      if (w.exhausted()) break;
+      touch_tokens(w, *d, t0, t1);
+    }
   } else {
     touch_tokens(w, *d, 0, d->rows);
   }
@@ -335,7 +400,8 @@ void walk_prefill(Walker& w) {
     touch_pool(w, Arg::initial_state, std::nullopt, true);
     return;
   }
-  for (i64 r = 0; r < n; ++r) touch_pool(w, Arg::initial_state, w.value(Arg::initial_state_indices, r), true);
+  for (i64 r = 0; r < n && !w.exhausted(); ++r)
+    touch_pool(w, Arg::initial_state, w.value(Arg::initial_state_indices, r), true);
 }
 
 std::optional<i64> draft_tokens(const AnyCall& call, Walker& w) {
@@ -359,8 +425,15 @@ std::optional<i64> scratch_steps(Walker& w) {
 // The flat scratch slot of (row, step): explicit scratch_indices or row * T_alloc + step.
 // nullopt: unknown (no host values); -1: skipped.
 std::optional<i64> flat_slot(Walker& w, i64 row, i64 step, i64 T, i64 steps) {
-  if (w.view(Arg::scratch_indices)) return w.value(Arg::scratch_indices, row * T + step);
-  return row * steps + step;
+  const i64 per_row = w.view(Arg::scratch_indices) ? T : steps;
+  const auto base = mul64(row, per_row);
+  const auto flat = base ? add64(*base, step) : std::nullopt;
+  if (!flat) {
+    w.finding(fmt::format("the scratch slot of row {} step {} overflows 64-bit arithmetic", row, step));
+    return std::nullopt;
+  }
+  if (w.view(Arg::scratch_indices)) return w.value(Arg::scratch_indices, *flat);
+  return *flat;
 }
 
 void read_addressing_maps(Walker& w, i64 n, i64 T) {
@@ -378,7 +451,7 @@ void walk_verify(const AnyCall& call, Walker& w) {
   if (!d || !cu_len || !T || !steps) return;
   const i64 n = *cu_len - 1;
   touch_gate_params(w, *d);
-  w.touch(Arg::cu_seqlens, false, box({{0, n + 1}}));
+  w.touch(Arg::cu_seqlens, false, box({{0, plus1(n)}}));
   read_addressing_maps(w, n, *T);
   const auto rows = row_ranges(w, n);
   if (!rows) touch_tokens(w, *d, 0, d->rows);
@@ -386,14 +459,16 @@ void walk_verify(const AnyCall& call, Walker& w) {
   if (indices_unknown) touch_whole(w, Arg::scratch, true);
   const bool slots_unknown = !w.has_values(Arg::cache_indices);
   if (slots_unknown) touch_pool(w, Arg::state, std::nullopt, false);
-  for (i64 r = 0; r < n; ++r) {
+  for (i64 r = 0; r < n && !w.exhausted(); ++r) {
     if (rows) touch_tokens(w, *d, (*rows)[r].first, (*rows)[r].second);
     const auto slot = w.value(Arg::cache_indices, r);
     if (slot && *slot == -1) continue;  // padding row: outputs zeros, no scratch
     if (!slots_unknown) touch_pool(w, Arg::state, slot, false);
     if (indices_unknown) continue;
-    const i64 length = rows ? (*rows)[r].second - (*rows)[r].first : *T;
-    for (i64 t = 0; t < length; ++t) {
+    i64 length = *T;
+    if (rows && __builtin_sub_overflow((*rows)[r].second, std::min((*rows)[r].first, (*rows)[r].second), &length))
+      length = std::numeric_limits<i64>::max();
+    for (i64 t = 0; t < length && !w.exhausted(); ++t) {
       const auto flat = flat_slot(w, r, t, *T, *steps);
       if (flat && *flat == -1) continue;
       if (flat) touch_scratch(w, *flat, d->HV, d->V, d->K, true);
@@ -408,25 +483,31 @@ void walk_commit(const AnyCall& call, Walker& w) {
   const auto steps = scratch_steps(w);
   if (!n || !HV || !V || !K || !T || !steps) return;
   w.touch(Arg::accepted, false, box({{0, *n}}));
-  if (w.view(Arg::cu_seqlens)) w.touch(Arg::cu_seqlens, false, box({{0, *n + 1}}));
+  if (w.view(Arg::cu_seqlens)) w.touch(Arg::cu_seqlens, false, box({{0, plus1(*n)}}));
   read_addressing_maps(w, *n, *T);
   const bool slots_unknown = !w.has_values(Arg::cache_indices);
   if (slots_unknown) touch_pool(w, Arg::state, std::nullopt, true);
   const bool indices_unknown = w.view(Arg::scratch_indices) && !w.has_values(Arg::scratch_indices);
   if (indices_unknown) touch_whole(w, Arg::scratch, false);
-  for (i64 r = 0; r < *n; ++r) {
+  for (i64 r = 0; r < *n && !w.exhausted(); ++r) {
     const auto slot = w.value(Arg::cache_indices, r);
     if (slot && *slot == -1) continue;
     const auto accepted = w.value(Arg::accepted, r);
     if (accepted && *accepted == 0) continue;  // keeps the committed state
+    if (accepted && (*accepted < 0 || *accepted > *T)) {
+      w.finding(fmt::format("commit row {} accepts {} of {} draft tokens", r, *accepted, *T));
+      continue;
+    }
     if (!slots_unknown) touch_pool(w, Arg::state, slot, true);
     if (indices_unknown) continue;
     // The state after the last accepted step; every step when the count is unknown.
     const i64 first = accepted ? *accepted - 1 : 0, last = accepted ? *accepted - 1 : *T - 1;
-    for (i64 t = first; t <= last; ++t) {
+    for (i64 t = first; t <= last && !w.exhausted(); ++t) {
       const auto flat = flat_slot(w, r, t, *T, *steps);
       if (flat && *flat == -1) {
-        w.finding(fmt::format("commit row {} reads step {}, which verify skipped", r, t));
+        // With the count and the slot on the host this reads a step that holds nothing;
+        // without them, the row is padding or the device guard refuses it (commit.accepted).
+        if (accepted && slot) w.finding(fmt::format("commit row {} reads step {}, which verify skipped", r, t));
         continue;
       }
       if (flat) touch_scratch(w, *flat, *HV, *V, *K, false);
