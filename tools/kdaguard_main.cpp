@@ -43,7 +43,9 @@ bool read_all(const std::string& path, std::string& text, std::string& problem) 
 // Every line of `err` prefixed with the input's name, the way compilers name their file.
 void print_problems(const std::string& source, const std::string& err) {
   std::istringstream lines(err);
-  for (std::string line; std::getline(lines, line);) std::cerr << source << ": " << line << "\n";
+  std::string prefixed;  // one write: std::cerr is unbuffered
+  for (std::string line; std::getline(lines, line);) prefixed += source + ": " + line + "\n";
+  std::cerr << prefixed;
 }
 
 }  // namespace

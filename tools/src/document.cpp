@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -38,7 +39,7 @@ class TreeBuilder final : public nlohmann::json_sax<Json> {
 
   bool key(string_t& name) override {
     Frame& top = stack_.back();
-    if (top.container->contains(name)) {
+    if (!top.keys.insert(name).second) {
       error = DescriptionError{container_path() + "/" + pointer_segment(name),
                                fmt::format("the key '{}' appears twice in one object", shown(name))};
       return false;
@@ -62,7 +63,9 @@ class TreeBuilder final : public nlohmann::json_sax<Json> {
  private:
   struct Frame {
     Json* container;
-    std::string key;  // objects: the key of the member being read
+    std::string key;                      // objects: the key of the member being read
+    std::unordered_set<std::string> keys;  // objects: every key so far (ordered_json looks up
+                                           // linearly, which would make big objects quadratic)
   };
   std::vector<Frame> stack_;
 
@@ -78,9 +81,10 @@ class TreeBuilder final : public nlohmann::json_sax<Json> {
       top.container->push_back(std::move(value));
       return &top.container->back();
     }
-    Json& slot = (*top.container)[top.key];
-    slot = std::move(value);
-    return &slot;
+    // Appended without ordered_json's linear lookup: key() has already refused duplicates.
+    auto& members = static_cast<Json::object_t::Container&>(top.container->get_ref<Json::object_t&>());
+    members.emplace_back(top.key, std::move(value));
+    return &members.back().second;
   }
 
   bool open(Json container) {
@@ -93,7 +97,7 @@ class TreeBuilder final : public nlohmann::json_sax<Json> {
                                fmt::format("nesting deeper than {} levels", kMaxNestingDepth)};
       return false;
     }
-    stack_.push_back(Frame{place(std::move(container)), {}});
+    stack_.push_back(Frame{place(std::move(container)), {}, {}});
     return true;
   }
 
@@ -121,18 +125,24 @@ struct ParsedValue {
   bool syntax_error = false;  // error->where is a position in the document, not a JSON pointer
 };
 
-// "line L, column C (byte B)" of a byte offset in the document.
-std::string position_in(std::string_view document, std::size_t offset) {
-  offset = std::min(offset, document.size());
-  const std::string_view before = document.substr(0, offset);
-  const std::size_t line = 1 + static_cast<std::size_t>(std::count(before.begin(), before.end(), '\n'));
+// Where `text` lies in the document, so that errors can say "line L, column C (byte B)".
+struct Placement {
+  std::size_t first_byte = 0;  // of the document
+  std::size_t first_line = 1;
+};
+
+// Counts only within `text`, so that checking every line of a big JSON Lines file stays linear.
+std::string position_in(std::string_view text, std::size_t offset, Placement placement) {
+  offset = std::min(offset, text.size());
+  const std::string_view before = text.substr(0, offset);
+  const std::size_t line = placement.first_line +
+                           static_cast<std::size_t>(std::count(before.begin(), before.end(), '\n'));
   const std::size_t line_start = before.rfind('\n');
   const std::size_t column = line_start == std::string_view::npos ? offset + 1 : offset - line_start;
-  return fmt::format("line {}, column {} (byte {})", line, column, offset);
+  return fmt::format("line {}, column {} (byte {})", line, column, placement.first_byte + offset);
 }
 
-// Parses `text`, which starts at byte `base` of `document` (for positions in messages).
-ParsedValue parse_value(std::string_view document, std::string_view text, std::size_t base) {
+ParsedValue parse_value(std::string_view text, Placement placement) {
   TreeBuilder builder;
   ParsedValue parsed;
   if (Json::sax_parse(text.begin(), text.end(), &builder)) {
@@ -142,7 +152,7 @@ ParsedValue parse_value(std::string_view document, std::string_view text, std::s
   parsed.error = std::move(builder.error);
   if (!parsed.error) parsed.error = DescriptionError{"", "the parser stopped without a reason"};
   if (builder.error_offset) {
-    parsed.error->where = position_in(document, base + *builder.error_offset);
+    parsed.error->where = position_in(text, *builder.error_offset, placement);
     parsed.syntax_error = true;
   }
   return parsed;
@@ -189,7 +199,7 @@ Document parse_document(std::string_view text) {
     document.error = DescriptionError{"", "the document is empty: no call to check"};
     return document;
   }
-  ParsedValue whole = parse_value(text, text, 0);
+  ParsedValue whole = parse_value(text, Placement{});
   if (!whole.error) {
     if (whole.value.is_object()) {
       document.calls.push_back(DocumentCall{"", parse_call(whole.value)});
@@ -210,14 +220,15 @@ Document parse_document(std::string_view text) {
 
   // Not one JSON value: JSON Lines, if its first non-blank line is a call object on its own.
   const std::vector<Line> lines = non_blank_lines(text);
-  const ParsedValue first = parse_value(text, lines.front().text, lines.front().offset);
+  const ParsedValue first =
+      parse_value(lines.front().text, Placement{lines.front().offset, lines.front().number});
   if (lines.size() < 2 || first.error || !first.value.is_object()) {
     document.error = std::move(whole.error);
     return document;
   }
   for (const Line& line : lines) {
     const std::string origin = fmt::format("line {}", line.number);
-    ParsedValue parsed = parse_value(text, line.text, line.offset);
+    ParsedValue parsed = parse_value(line.text, Placement{line.offset, line.number});
     if (parsed.error) {
       // A syntax error's position already names the line; a duplicate key or too deep nesting
       // is placed by its JSON pointer, which needs the line in front.
