@@ -13,7 +13,7 @@
 #include <string>
 
 #include "kdaguard/params.h"
-#include "launch.h"
+#include "../src/launch.h"  // relative: the benchmark includes this header from outside the library
 
 namespace kdaguard::gpu::detail {
 
