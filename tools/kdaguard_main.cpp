@@ -6,6 +6,7 @@
 #include <iostream>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -38,14 +39,6 @@ bool read_all(const std::string& path, std::string& text, std::string& problem) 
     return false;
   }
   return true;
-}
-
-// Every line of `err` prefixed with the input's name, the way compilers name their file.
-void print_problems(const std::string& source, const std::string& err) {
-  std::istringstream lines(err);
-  std::string prefixed;  // one write: std::cerr is unbuffered
-  for (std::string line; std::getline(lines, line);) prefixed += source + ": " + line + "\n";
-  std::cerr << prefixed;
 }
 
 }  // namespace
@@ -101,8 +94,21 @@ int main(int argc, char** argv) {
     std::cerr << "kdaguard check: " << problem << "\n";
     return kExitMalformed;
   }
-  const kdaguard::callio::CheckOutcome outcome = kdaguard::callio::check_document(text);
-  std::cout << outcome.out << std::flush;
-  print_problems(source, outcome.err);
-  return outcome.exit_code;
+  // Verdicts go out as they come (std::cout is buffered); problems are prefixed with the input's
+  // name, the way compilers name their file, and written in batches (std::cerr is not buffered).
+  std::string problems;
+  const auto flush_problems = [&] {
+    std::cerr << problems << std::flush;
+    problems.clear();
+  };
+  const int exit_code = kdaguard::callio::check_document(
+      text, [](std::string_view line) { std::cout << line << '\n'; },
+      [&](std::string_view line) {
+        ((problems += source) += ": ") += line;
+        problems += '\n';
+        if (problems.size() > 1 << 16) flush_problems();
+      });
+  std::cout << std::flush;
+  flush_problems();
+  return exit_code;
 }

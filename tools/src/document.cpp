@@ -167,17 +167,22 @@ struct Line {
   std::string_view text;
 };
 
-std::vector<Line> non_blank_lines(std::string_view document) {
-  std::vector<Line> lines;
-  std::size_t offset = 0;
-  for (std::size_t number = 1; offset <= document.size(); ++number) {
-    std::size_t end = document.find('\n', offset);
+// The non-blank line that starts at or after byte `from`, if any.
+std::optional<Line> next_non_blank_line(std::string_view document, std::size_t from,
+                                        std::size_t number) {
+  for (; from <= document.size(); ++number) {
+    std::size_t end = document.find('\n', from);
     if (end == std::string_view::npos) end = document.size();
-    const std::string_view text = document.substr(offset, end - offset);
-    if (!is_blank(text)) lines.push_back(Line{number, offset, text});
-    offset = end + 1;
+    const std::string_view text = document.substr(from, end - from);
+    if (!is_blank(text)) return Line{number, from, text};
+    from = end + 1;
   }
-  return lines;
+  return std::nullopt;
+}
+
+// The non-blank line after `line`.
+std::optional<Line> next_non_blank_line(std::string_view document, const Line& line) {
+  return next_non_blank_line(document, line.offset + line.text.size() + 1, line.number + 1);
 }
 
 // `where` of a call's error, prefixed by the call's place in the document.
@@ -191,58 +196,66 @@ CallResult located(CallResult result, const std::string& origin, std::string_vie
   return result;
 }
 
+// Reads the document and hands every call to `visit(DocumentCall&&)` in document order, one at
+// a time, so that `kdaguard check` holds one call in memory, however many the document has (a
+// call is kilobytes; a JSON Lines line can be three bytes). Returns the error of the document as
+// a whole, if any.
+template <class Visit>
+std::optional<DescriptionError> read_document(std::string_view text, Visit&& visit) {
+  if (is_blank(text)) return DescriptionError{"", "the document is empty: no call to check"};
+  ParsedValue whole = parse_value(text, Placement{});
+  if (!whole.error) {
+    if (whole.value.is_object()) {
+      visit(DocumentCall{"", parse_call(whole.value)});
+      return std::nullopt;
+    }
+    if (!whole.value.is_array())
+      return DescriptionError{
+          "", fmt::format("a document is a call object, an array of calls or JSON Lines; got {}",
+                          json_kind(whole.value))};
+    if (whole.value.empty()) return DescriptionError{"", "the array holds no call to check"};
+    for (std::size_t i = 0; i < whole.value.size(); ++i) {
+      std::string origin = "/" + std::to_string(i);
+      CallResult call = located(parse_call(whole.value[i]), origin, "");
+      visit(DocumentCall{std::move(origin), std::move(call)});
+    }
+    return std::nullopt;
+  }
+
+  // Not one JSON value: JSON Lines, if its first non-blank line is a call object on its own.
+  const std::optional<Line> first_line = next_non_blank_line(text, 0, 1);
+  const ParsedValue first =
+      parse_value(first_line->text, Placement{first_line->offset, first_line->number});
+  if (!next_non_blank_line(text, *first_line) || first.error || !first.value.is_object())
+    return std::move(whole.error);
+  for (std::optional<Line> next = first_line; next; next = next_non_blank_line(text, *next)) {
+    const Line& line = *next;
+    std::string origin = fmt::format("line {}", line.number);
+    ParsedValue parsed = parse_value(line.text, Placement{line.offset, line.number});
+    CallResult call = [&]() -> CallResult {
+      if (parsed.error) {
+        // A syntax error's position already names the line; a duplicate key or too deep nesting
+        // is placed by its JSON pointer, which needs the line in front.
+        if (parsed.syntax_error) return std::move(*parsed.error);
+        return located(std::move(*parsed.error), origin, " ");
+      }
+      if (!parsed.value.is_object())
+        return DescriptionError{origin, fmt::format("JSON Lines hold one call object per line; "
+                                                    "got {}", json_kind(parsed.value))};
+      return located(parse_call(parsed.value), origin, " ");
+    }();
+    visit(DocumentCall{std::move(origin), std::move(call)});
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Document parse_document(std::string_view text) {
   Document document;
-  if (is_blank(text)) {
-    document.error = DescriptionError{"", "the document is empty: no call to check"};
-    return document;
-  }
-  ParsedValue whole = parse_value(text, Placement{});
-  if (!whole.error) {
-    if (whole.value.is_object()) {
-      document.calls.push_back(DocumentCall{"", parse_call(whole.value)});
-    } else if (whole.value.is_array()) {
-      if (whole.value.empty())
-        document.error = DescriptionError{"", "the array holds no call to check"};
-      for (std::size_t i = 0; i < whole.value.size(); ++i) {
-        std::string origin = "/" + std::to_string(i);
-        document.calls.push_back(DocumentCall{origin, located(parse_call(whole.value[i]), origin, "")});
-      }
-    } else {
-      document.error = DescriptionError{
-          "", fmt::format("a document is a call object, an array of calls or JSON Lines; got {}",
-                          json_kind(whole.value))};
-    }
-    return document;
-  }
-
-  // Not one JSON value: JSON Lines, if its first non-blank line is a call object on its own.
-  const std::vector<Line> lines = non_blank_lines(text);
-  const ParsedValue first =
-      parse_value(lines.front().text, Placement{lines.front().offset, lines.front().number});
-  if (lines.size() < 2 || first.error || !first.value.is_object()) {
-    document.error = std::move(whole.error);
-    return document;
-  }
-  for (const Line& line : lines) {
-    const std::string origin = fmt::format("line {}", line.number);
-    ParsedValue parsed = parse_value(line.text, Placement{line.offset, line.number});
-    if (parsed.error) {
-      // A syntax error's position already names the line; a duplicate key or too deep nesting
-      // is placed by its JSON pointer, which needs the line in front.
-      CallResult failed = std::move(*parsed.error);
-      document.calls.push_back(DocumentCall{
-          origin, parsed.syntax_error ? std::move(failed) : located(std::move(failed), origin, " ")});
-    } else if (!parsed.value.is_object()) {
-      document.calls.push_back(DocumentCall{
-          origin, DescriptionError{origin, fmt::format("JSON Lines hold one call object per line; "
-                                                       "got {}", json_kind(parsed.value))}});
-    } else {
-      document.calls.push_back(DocumentCall{origin, located(parse_call(parsed.value), origin, " ")});
-    }
-  }
+  document.error = read_document(text, [&](DocumentCall&& call) {
+    document.calls.push_back(std::move(call));
+  });
   return document;
 }
 
@@ -270,39 +283,44 @@ Json verdict_to_json(Entry entry, const Verdict& verdict) {
   return j;
 }
 
-CheckOutcome check_document(std::string_view text) {
+int check_document(std::string_view text, const LineSink& on_verdict, const LineSink& on_problem) {
   try {
-    const Document document = parse_document(text);
-    CheckOutcome outcome;
     bool malformed = false;
     bool rejected = false;
-    if (document.error) {
+    const std::optional<DescriptionError> document_error =
+        read_document(text, [&](DocumentCall&& item) {
+          if (const auto* error = std::get_if<DescriptionError>(&item.call)) {
+            malformed = true;
+            on_problem(format_error(*error));
+            return;
+          }
+          const AnyCall& call = std::get<AnyCall>(item.call);
+          const Verdict verdict = validate(call);
+          rejected = rejected || !verdict.accepted();
+          // Messages are the validator's own ASCII; `replace` keeps dump() from throwing anyway.
+          on_verdict(verdict_to_json(entry_of(call), verdict)
+                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        });
+    if (document_error) {
       malformed = true;
-      outcome.err += format_error(*document.error) + "\n";
+      on_problem(format_error(*document_error));
     }
-    for (const DocumentCall& item : document.calls) {
-      if (const auto* error = std::get_if<DescriptionError>(&item.call)) {
-        malformed = true;
-        outcome.err += format_error(*error) + "\n";
-        continue;
-      }
-      const AnyCall& call = std::get<AnyCall>(item.call);
-      const Verdict verdict = validate(call);
-      rejected = rejected || !verdict.accepted();
-      // Messages are the validator's own ASCII; `replace` keeps dump() from throwing regardless.
-      outcome.out += verdict_to_json(entry_of(call), verdict)
-                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      outcome.out += "\n";
-    }
-    outcome.exit_code = malformed ? 2 : rejected ? 1 : 0;
-    return outcome;
+    return malformed ? 2 : rejected ? 1 : 0;
   } catch (const std::exception& exception) {
-    return CheckOutcome{2, "", fmt::format("internal error (a bug of kdaguard, not of the input): "
-                                           "{}\n", shown(exception.what()))};
+    on_problem(fmt::format("internal error (a bug of kdaguard, not of the input): {}",
+                           shown(exception.what())));
   } catch (...) {
-    return CheckOutcome{2, "", "internal error (a bug of kdaguard, not of the input): unknown "
-                               "exception\n"};
+    on_problem("internal error (a bug of kdaguard, not of the input): unknown exception");
   }
+  return 2;
+}
+
+CheckOutcome check_document(std::string_view text) {
+  CheckOutcome outcome;
+  outcome.exit_code = check_document(
+      text, [&](std::string_view line) { (outcome.out += line) += '\n'; },
+      [&](std::string_view line) { (outcome.err += line) += '\n'; });
+  return outcome;
 }
 
 }  // namespace kdaguard::callio

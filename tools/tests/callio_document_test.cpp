@@ -1,5 +1,6 @@
 // Documents (one call, an array, JSON Lines), check_document's verdicts and exit codes, and its
 // robustness against any bytes.
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -111,6 +112,27 @@ TEST(Document, NestingIsBounded) {
   EXPECT_EQ(std::get<DescriptionError>(document.calls.at(0).call).where, "/tensors");
 }
 
+// Big inputs are read in linear time: an object of 100k members, 100k malformed lines. (Done
+// naively, both take tens of seconds: ordered_json looks keys up linearly, and a position counted
+// from the start of the document costs the whole document per line.)
+TEST(Document, BigInputsStayLinear) {
+  std::string members = "{";
+  for (int i = 0; i < 100000; ++i) members += fmt::format("\"k{}\": [{}], ", i, i);
+  members += R"("entry": "decode"})";
+  std::string lines = kRejectedCall + "\n";
+  for (int i = 0; i < 100000; ++i) lines += "{x\n";
+  const auto start = std::chrono::steady_clock::now();
+  const CheckOutcome object = check_document(members);
+  const CheckOutcome jsonl = check_document(lines);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(object.err, "/k0: unknown field 'k0' (a call has entry, device, tensors, scalars)\n");
+  EXPECT_EQ(jsonl.exit_code, 2);
+  EXPECT_EQ(lines_of(jsonl.err).size(), 100000u);
+  EXPECT_EQ(lines_of(jsonl.err).back().rfind("line 100001, column 2 (byte ", 0), 0u);
+  EXPECT_LT(seconds, 10.0);
+}
+
 TEST(Document, NoCallIsAnError) {
   for (const std::string text : {"", " \n\t\r\n", "[]", "42", "\"decode\"", "null",
                                  "{} {}", "[{\"entry\": \"decode\"}] x"}) {
@@ -154,6 +176,21 @@ TEST(Check, IsAPureFunctionOfTheText) {
   EXPECT_EQ(first.exit_code, second.exit_code);
   EXPECT_EQ(first.out, second.out);
   EXPECT_EQ(first.err, second.err);
+}
+
+TEST(Check, StreamedFormGivesTheSameLines) {
+  const std::string text = kRejectedCall + "\n{\"entry\": 1}\n" + accepted_call() + "\n";
+  const CheckOutcome collected = check_document(text);
+  std::vector<std::string> verdicts, problems;
+  const int exit_code = check_document(
+      text, [&](std::string_view line) { verdicts.emplace_back(line); },
+      [&](std::string_view line) { problems.emplace_back(line); });
+  EXPECT_EQ(exit_code, 2);
+  EXPECT_EQ(exit_code, collected.exit_code);
+  EXPECT_EQ(verdicts, lines_of(collected.out));
+  EXPECT_EQ(problems, lines_of(collected.err));
+  EXPECT_EQ(problems, std::vector<std::string>{"line 2 /entry: expected a string, got an integer"});
+  EXPECT_EQ(verdicts.size(), 2u);
 }
 
 // verdict_to_json in exactly the shape call-format.md prints.

@@ -6,6 +6,7 @@
 // DescriptionError that says where it is.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -83,6 +84,12 @@ struct CheckOutcome {
   std::string err;
 };
 CheckOutcome check_document(std::string_view text);
+
+// The same, streamed for big documents: each verdict line and each problem line (without its
+// newline) is handed over as soon as it is known, so only one call is held at a time. Returns the
+// exit code.
+using LineSink = std::function<void(std::string_view line)>;
+int check_document(std::string_view text, const LineSink& on_verdict, const LineSink& on_problem);
 
 // The rule catalogue (kdaguard::rule_catalogue()) as an aligned text table, as JSON
 // ({"rules": [{"id", "tier", "entry_points", "meaning"}]}) and as a Markdown table. Each ends in
