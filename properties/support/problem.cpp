@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <random>
 #include <stdexcept>
 
 #include "kdaguard/numeric.h"
@@ -19,32 +18,25 @@ namespace {
 
 constexpr std::size_t kAlignment = 256;
 
-// Deterministic across standard libraries (the std distributions are not).
+// SplitMix64: fast, and deterministic across standard libraries (the std distributions are not).
 class Random {
  public:
-  explicit Random(std::uint64_t seed) : engine_(seed) {}
-  std::uint64_t bits() { return engine_(); }
+  explicit Random(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t bits() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
   double uniform(double lo, double hi) {
-    return lo + (hi - lo) * static_cast<double>(engine_() >> 11) * 0x1.0p-53;
+    return lo + (hi - lo) * static_cast<double>(bits() >> 11) * 0x1.0p-53;
   }
   bool chance(double p) { return uniform(0.0, 1.0) < p; }
 
  private:
-  std::mt19937_64 engine_;
+  std::uint64_t state_;
 };
 
-// A value drawn by `draw`, redrawn until it is non-zero once stored in `dtype`.
-template <class Draw>
-double nonzero_in(DType dtype, Draw&& draw) {
-  for (;;) {
-    const double x = numeric::round_to(dtype, draw());
-    if (x != 0.0) return x;
-  }
-}
-
-void store_at(const Allocation& a, DType dtype, std::int64_t element, double value) {
-  numeric::store(a.data(), dtype, element, value);
-}
 
 void store_index(const Allocation& a, DType dtype, std::int64_t element, std::int64_t value) {
   if (dtype == DType::i64) {
@@ -185,9 +177,9 @@ class Builder {
     // k is kept short without the in-kernel norm (E|k|^2 = 1) so beta |k|^2 < 2 and the delta
     // rule stays contractive over long sequences, as it is for normed keys.
     const double k_range = s_.use_qk_l2norm ? 1.0 : std::sqrt(3.0 / static_cast<double>(K));
-    fill_view(*q, [&] { return nonzero_in(io, [&] { return random_.uniform(-1, 1); }); });
-    fill_view(*k, [&] { return nonzero_in(io, [&] { return random_.uniform(-k_range, k_range); }); });
-    fill_view(*v, [&] { return nonzero_in(io, [&] { return random_.uniform(-1, 1); }); });
+    fill_view(*q, [&] { return random_.uniform(-1, 1); });
+    fill_view(*k, [&] { return random_.uniform(-k_range, k_range); });
+    fill_view(*v, [&] { return random_.uniform(-1, 1); });
 
     const bool raw = s_.gate_kind != GateKind::activated;
     const Allocation& gate_buffer = allocate(raw ? "a" : "g", s_.gate_dtype, gate_rows * HV * K);
@@ -215,30 +207,31 @@ class Builder {
     const Allocation& beta_buffer = allocate(logits ? "b" : "beta", s_.beta_dtype, gate_rows * HV);
     OptionalView& beta_view = logits ? b : beta;
     beta_view = contiguous(beta_buffer, logits ? Arg::b : Arg::beta, s_.beta_dtype, {gate_rows, HV});
-    fill_view(*beta_view, [&] {
-      return nonzero_in(s_.beta_dtype,
-                        [&] { return logits ? random_.uniform(-3, 3) : random_.uniform(0.05, 0.95); });
-    });
+    fill_view(*beta_view,
+              [&] { return logits ? random_.uniform(-3, 3) : random_.uniform(0.05, 0.95); });
   }
 
   double gate_value() {
     const bool strong = random_.chance(s_.strong_decay_fraction);
     switch (s_.gate_kind) {
-      case GateKind::activated:
-        return strong ? -1000.0 : nonzero_in(s_.gate_dtype, [&] {
-          return -std::exp(random_.uniform(std::log(1e-3), std::log(2.0)));  // g in [-2, -1e-3]
-        });
+      case GateKind::activated:  // g log-uniform in [-2, -1e-3]
+        return strong ? -1000.0 : -std::exp(random_.uniform(std::log(1e-3), std::log(2.0)));
       case GateKind::softplus:
       case GateKind::bounded:
-        return strong ? 1000.0 : nonzero_in(s_.gate_dtype, [&] { return random_.uniform(-4, 4); });
+        return strong ? 1000.0 : random_.uniform(-4, 4);
     }
     return 0;
   }
 
+  // Stores draw() into every element of t, drawing again wherever the stored value is 0.
   template <class Draw>
   void fill_view(const TensorView& t, Draw&& draw) {
-    const Allocation* a = p_.allocation_of(t);
-    for_each_element(t, [&](std::int64_t offset) { store_at(*a, t.dtype, offset, draw()); });
+    std::byte* data = p_.allocation_of(t)->data();
+    for_each_element(t, [&](std::int64_t offset) {
+      do {
+        numeric::store(data, t.dtype, offset, draw());
+      } while (numeric::load(data, t.dtype, offset) == 0.0);
+    });
   }
 
   // ---- pools ----
@@ -250,7 +243,7 @@ class Builder {
     const Allocation& a = allocate(std::move(name), dt, offset + slots * slot_stride);
     TensorView t = view(a, arg, dt, {slots, s_.HV, s_.V, s_.K},
                         {slot_stride, static_cast<std::int64_t>(s_.V) * s_.K, s_.K, 1}, offset);
-    fill_view(t, [&] { return nonzero_in(dt, [&] { return random_.uniform(-1, 1); }); });
+    fill_view(t, [&] { return random_.uniform(-1, 1); });
     return t;
   }
 
@@ -264,7 +257,7 @@ class Builder {
                         {s_.scratch_steps * slot_stride, slot_stride,
                          static_cast<std::int64_t>(s_.V) * s_.K, s_.K, 1},
                         offset);
-    fill_view(t, [&] { return nonzero_in(dt, [&] { return random_.uniform(-1, 1); }); });
+    fill_view(t, [&] { return random_.uniform(-1, 1); });
     return t;
   }
 
@@ -495,9 +488,15 @@ void mark_view(const HostProblem& p, const TensorView& view,
   });
 }
 
+// A slot's HV x V x K elements are contiguous (compact inner strides): one byte range.
 void mark_slot(const HostProblem& p, const TensorView& pool, std::int64_t flat_slot,
                std::vector<std::vector<bool>>& masks) {
-  mark_view(p, slice_rows(flat_pool(pool), flat_slot, 1), masks);
+  const TensorView slot = slice_rows(flat_pool(pool), flat_slot, 1);
+  const Allocation* a = p.allocation_of(slot);
+  auto& mask = masks[static_cast<std::size_t>(a - p.allocations.data())];
+  const std::int64_t esize = element_size(slot.dtype);
+  const auto begin = mask.begin() + slot.storage_offset.count * esize;
+  std::fill(begin, begin + slot.numel() * esize, true);
 }
 
 template <class F>
@@ -552,11 +551,16 @@ std::optional<std::string> HostProblem::unexpected_writes(const Snapshot& before
   const auto masks = writable();
   for (std::size_t i = 0; i < allocations.size(); ++i) {
     const Allocation& a = allocations[i];
-    for (std::size_t b = 0; b < a.bytes(); ++b) {
-      if (masks[i][b] || a.data()[b] == before.bytes[i][b]) continue;
-      return fmt::format("{} byte {} changed from {:#04x} to {:#04x}, outside what {} may write",
-                         a.name(), b, static_cast<unsigned>(before.bytes[i][b]),
-                         static_cast<unsigned>(a.data()[b]), entry_name(spec.entry));
+    constexpr std::size_t kBlock = 4096;  // skip unchanged blocks wholesale
+    for (std::size_t block = 0; block < a.bytes(); block += kBlock) {
+      const std::size_t end = std::min(a.bytes(), block + kBlock);
+      if (std::memcmp(a.data() + block, before.bytes[i].data() + block, end - block) == 0) continue;
+      for (std::size_t b = block; b < end; ++b) {
+        if (masks[i][b] || a.data()[b] == before.bytes[i][b]) continue;
+        return fmt::format("{} byte {} changed from {:#04x} to {:#04x}, outside what {} may write",
+                           a.name(), b, static_cast<unsigned>(before.bytes[i][b]),
+                           static_cast<unsigned>(a.data()[b]), entry_name(spec.entry));
+      }
     }
   }
   return std::nullopt;

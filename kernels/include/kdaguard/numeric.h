@@ -75,11 +75,13 @@ inline std::uint16_t f32_to_f16(float f) {
 // two more significand bits than bf16 or f16 anywhere in their ranges, so rounding this result to
 // nearest even once more gives the correctly rounded narrow value (no double-rounding error).
 inline float f64_to_f32_round_to_odd(double d) {
-  if (std::isnan(d)) return static_cast<float>(d);
-  float f = static_cast<float>(d);
-  if (static_cast<double>(f) == d) return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+  const float nearest = static_cast<float>(d);
+  if (static_cast<double>(nearest) == d || d != d) return nearest;  // exact, or NaN
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(nearest);
+  // Rounded away from zero (possibly to infinity): one step back toward zero truncates. Sign and
+  // magnitude are separate fields, so that step is the magnitude's bits minus one.
+  if (std::fabs(static_cast<double>(nearest)) > std::fabs(d)) bits -= 1u;
+  return std::bit_cast<float>(bits | 1u);
 }
 
 inline float f64_to_f32(double d) { return static_cast<float>(d); }  // IEEE: nearest even
