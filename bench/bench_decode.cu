@@ -345,11 +345,11 @@ void run_timed(benchmark::State& state, Problem& p, int calls, double state_byte
 
 DType state_dtype_arg(std::int64_t a) { return a == 0 ? DType::f32 : DType::bf16; }
 
-// Args: B, state (0 f32, 1 bf16), rows per thread (0 auto).
+// Args: B, state (0 f32, 1 bf16), chunks per block (0 auto).
 void BM_Decode(benchmark::State& state) {
   const int B = static_cast<int>(state.range(0));
   Problem& p = problem(Kind::decode, B, 1, state_dtype_arg(state.range(1)), true);
-  p.options.rows_per_thread = static_cast<int>(state.range(2));
+  p.options.chunks_per_block = static_cast<int>(state.range(2));
   run_timed(state, p, B <= 8 ? 20 : 1, 2.0 * B * p.slot_bytes);
 }
 
@@ -360,11 +360,11 @@ void BM_DecodeGuarded(benchmark::State& state) {
   run_timed(state, p, B <= 8 ? 20 : 1, 2.0 * B * p.slot_bytes);
 }
 
-// Args: B, T, state, rows per thread.
+// Args: B, T, state, chunks per block (0 auto).
 void BM_Verify(benchmark::State& state) {
   const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
   Problem& p = problem(Kind::verify, B, T, state_dtype_arg(state.range(2)), true);
-  p.options.rows_per_thread = static_cast<int>(state.range(3));
+  p.options.chunks_per_block = static_cast<int>(state.range(3));
   run_timed(state, p, 1, (1.0 + T) * B * p.slot_bytes);
 }
 
@@ -377,9 +377,9 @@ void BM_Commit(benchmark::State& state) {
 
 BENCHMARK(BM_CopyCeiling)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode)
-    ->ArgNames({"B", "bf16_state", "rows_per_thread"})
+    ->ArgNames({"B", "bf16_state", "chunks_per_block"})
     ->ArgsProduct({{1, 8, 64, 128, 256, 512}, {0, 1}, {0}})
-    ->ArgsProduct({{64, 256}, {0, 1}, {1, 2}})
+    ->ArgsProduct({{64, 256}, {0, 1}, {1, 2, 4}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeGuarded)
@@ -389,9 +389,9 @@ BENCHMARK(BM_DecodeGuarded)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Verify)
-    ->ArgNames({"B", "T", "bf16_state", "rows_per_thread"})
+    ->ArgNames({"B", "T", "bf16_state", "chunks_per_block"})
     ->ArgsProduct({{64, 256}, {2, 4, 8}, {0, 1}, {0}})
-    ->ArgsProduct({{64}, {4}, {0, 1}, {1, 2}})
+    ->ArgsProduct({{64}, {4}, {0, 1}, {1, 2, 4}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Commit)

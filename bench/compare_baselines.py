@@ -40,9 +40,9 @@ def to_us(value, unit):
 
 
 def short(name):
-    """BM_Decode/B:64/bf16_state:0/rows_per_thread:0/manual_time -> the peer's key."""
+    """BM_Decode/B:64/bf16_state:0/chunks_per_block:0/manual_time -> the peer's key."""
     name = name.replace("/manual_time", "")
-    return re.sub(r"/rows_per_thread:0$", "", name)
+    return re.sub(r"/chunks_per_block:0$", "", name)
 
 
 def compare_baseline(new, old, threshold):

@@ -40,6 +40,27 @@ inline constexpr int kChunkWarps = kChunkThreads / 32;
 inline constexpr float kSpanLimit = 90.f;
 inline constexpr int kPivotRow = 7;
 
+// Phase timing for tuning (off unless KDAGUARD_PREFILL_PROFILE is defined, as in
+// tools/prefill_profile.cu): block 0, thread 0 adds the clock64() cycles between consecutive
+// barrier exits to kProfileSlots counters (top-of-chunk wait, passes 1+2a, 2b, 3, 4, 5) and counts
+// the chunks that took the per-pair path of pass 3.
+inline constexpr int kProfileSlots = 7;
+#ifdef KDAGUARD_PREFILL_PROFILE
+__device__ unsigned long long prefill_profile[kProfileSlots];
+#define KDAGUARD_PREFILL_MARK(slot)                                       \
+  do {                                                                    \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                            \
+      const long long now_ = clock64();                                   \
+      prefill_profile[slot] += static_cast<unsigned long long>(now_ - profile_last); \
+      profile_last = now_;                                                \
+    }                                                                     \
+  } while (0)
+#else
+#define KDAGUARD_PREFILL_MARK(slot) \
+  do {                              \
+  } while (0)
+#endif
+
 template <int K, int V> struct ChunkLayout {
   static_assert((K == 64 || K == 128) && (V == 64 || V == 128));
   static constexpr int kLdK = K + 8;  // bf16 tile row stride: rows 16 bytes apart in the banks
@@ -202,12 +223,16 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
   stage_chunk<K, V>(p, hv, h, seq.begin, chunk_rows(0), 0, sm);
   if (tid < kChunk) sm.beta_raw[0][tid] = load_beta_raw(p, hv, seq.begin, chunk_rows(0), tid);
 
+#ifdef KDAGUARD_PREFILL_PROFILE
+  long long profile_last = clock64();
+#endif
   for (int c = 0; c < num_chunks; ++c) {
     const int buf = c & 1;
     const int rows = chunk_rows(c);
     const std::int64_t first = seq.begin + static_cast<std::int64_t>(c) * kChunk;
     cp_async_wait_all();
     __syncthreads();  // staging[buf] landed; the previous chunk's tiles are consumed
+    KDAGUARD_PREFILL_MARK(0);
 
     float beta_next = 0.f;
     if (c + 1 < num_chunks) {
@@ -261,6 +286,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       sm.gate_total[ch_group][ch] = running;
     }
     __syncthreads();
+    KDAGUARD_PREFILL_MARK(1);
 
     // ---- pass 2b: cumulative gates and operand tiles ----
     {
@@ -305,8 +331,13 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       if (lane == 0) atomicMax(&sm.span_bits, __float_as_int(span));
     }
     __syncthreads();
+    KDAGUARD_PREFILL_MARK(2);
 
     // ---- pass 3: L and A ----
+#ifdef KDAGUARD_PREFILL_PROFILE
+    if (blockIdx.x == 0 && tid == 0 && __int_as_float(sm.span_bits) > kSpanLimit)
+      ++prefill_profile[kProfileSlots - 1];
+#endif
     if (__int_as_float(sm.span_bits) <= kSpanLimit) {
       if (warp < 4) {
         const bool is_A = warp >= 2;
@@ -355,6 +386,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       }
     }
     __syncthreads();
+    KDAGUARD_PREFILL_MARK(3);
 
     // ---- pass 4: W and U by forward substitution through (I + L) ----
     if (tid < K + V) {
@@ -391,6 +423,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       }
     }
     __syncthreads();
+    KDAGUARD_PREFILL_MARK(4);
 
     // ---- pass 5: the state chain, per warp on its own 16 state rows ----
     if (chain_warp) {
@@ -473,6 +506,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       }
     }
     if (tid < kChunk) sm.beta_raw[buf ^ 1][tid] = beta_next;
+    KDAGUARD_PREFILL_MARK(5);
   }
 
   if (chain_warp) {

@@ -107,12 +107,10 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
   if (Status s = guard_ready(verdict, options.guard, params.batch); !s.ok()) return s;
   detail::GuardExtras extras;
   extras.cu_seqlens = i32_data(call.cu_seqlens);
-  const int rows_per_thread = detail::pick_rows_per_thread(
-      params.batch, params.in.HV, params.in.K, params.in.V, options.rows_per_thread);
   return launch(
       verdict, options.guard, params, extras, detail::launch_decode_guard,
       [&](const DecodeParams& p, detail::GuardState g, cudaStream_t s) {
-        return detail::launch_decode(p, g, rows_per_thread, s);
+        return detail::launch_decode(p, g, options.chunks_per_block, s);
       },
       options.stream);
 }
@@ -124,12 +122,10 @@ Status verify(const VerifyCall& call, const LaunchOptions& options) {
   if (Status s = guard_ready(verdict, options.guard, params.rows); !s.ok()) return s;
   detail::GuardExtras extras;
   extras.scratch_row_map = i32_data(call.scratch_row_map);
-  const int rows_per_thread = detail::pick_rows_per_thread(
-      params.rows, params.in.HV, params.in.K, params.in.V, options.rows_per_thread);
   return launch(
       verdict, options.guard, params, extras, detail::launch_verify_guard,
       [&](const VerifyParams& p, detail::GuardState g, cudaStream_t s) {
-        return detail::launch_verify(p, g, rows_per_thread, s);
+        return detail::launch_verify(p, g, options.chunks_per_block, s);
       },
       options.stream);
 }

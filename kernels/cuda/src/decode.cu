@@ -1,4 +1,5 @@
 // Launcher of the decode kernel (recurrent.cuh).
+#include <algorithm>
 #include <climits>
 
 #include "dispatch.cuh"
@@ -7,30 +8,33 @@
 
 namespace kdaguard::gpu::detail {
 
-int pick_rows_per_thread(std::int64_t rows, std::int32_t heads, std::int32_t K, std::int32_t V,
-                         int requested) {
-  if (requested == 1 || requested == 2) return requested;
-  // Two rows per thread double the loads each thread keeps in flight, which pays once the grid
-  // holds several waves of blocks; below that, one row per thread gives the SMs more blocks.
-  const std::int64_t rows_per_block = kRowThreads / (K / 16);
-  const std::int64_t blocks = rows * heads * ((V + rows_per_block - 1) / rows_per_block);
-  return blocks >= 8192 ? 2 : 1;
+int pick_chunks_per_block(std::int64_t rows, std::int32_t heads, std::int32_t chunks_per_head,
+                          int requested) {
+  if (requested > 0) return std::min<int>(requested, chunks_per_head);
+  // About two waves of resident blocks (132 SMs x 8) before a block takes several chunks: small
+  // batches need the blocks, large ones the longer pipelines.
+  constexpr std::int64_t kTargetBlocks = 2048;
+  int chunks = chunks_per_head;
+  while (chunks > 1 && rows * heads * ((chunks_per_head + chunks - 1) / chunks) < kTargetBlocks)
+    chunks = (chunks + 1) / 2;
+  return chunks;
 }
 
-cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int rows_per_thread,
+cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_per_block,
                           cudaStream_t stream) {
-  return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K, rows_per_thread,
-                       [&]<class IO, class ST, int K, int R>() -> cudaError_t {
-                         using Tile = RowTile<ST, K, R>;
-                         const std::int32_t slices =
-                             (p.in.V + Tile::kRowsPerBlock - 1) / Tile::kRowsPerBlock;
+  return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K,
+                       [&]<class IO, class ST, int K>() -> cudaError_t {
+                         using Tile = RowTile<ST, K>;
+                         const int per_head = (p.in.V + Tile::kChunkRows - 1) / Tile::kChunkRows;
+                         const int chunks =
+                             pick_chunks_per_block(p.batch, p.in.HV, per_head, chunks_per_block);
+                         const std::int32_t slices = (per_head + chunks - 1) / chunks;
                          const std::int64_t blocks =
                              static_cast<std::int64_t>(p.batch) * p.in.HV * slices;
                          if (blocks == 0) return cudaSuccess;
                          if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-                         decode_kernel<IO, ST, K, R>
-                             <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard,
-                                                                                         slices);
+                         decode_kernel<IO, ST, K><<<static_cast<unsigned>(blocks), kRowThreads, 0,
+                                               stream>>>(p, guard, slices, chunks);
                          return cudaGetLastError();
                        });
 }

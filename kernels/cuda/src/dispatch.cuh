@@ -1,5 +1,5 @@
-// Turns the run-time choices of a lowered call (q/k/v dtype, state dtype, K, rows per thread) into
-// the compile-time parameters of a kernel template. Every combination the contracts accept has
+// Turns the run-time choices of a lowered call (q/k/v dtype, state dtype, K) into the
+// compile-time parameters of a kernel template. Every combination the contracts accept has
 // an instantiation; V, strides, gate and beta forms stay run-time.
 #pragma once
 
@@ -11,16 +11,10 @@
 
 namespace kdaguard::gpu::detail {
 
-// Calls f.template operator()<IO, ST, K, R>() for the matching instantiation.
-template <class F>
-cudaError_t dispatch_tile(DType io, DType state, int K, int rows_per_thread, F&& f) {
-  auto with_rows = [&]<class IO, class ST, int KK>() -> cudaError_t {
-    return rows_per_thread == 2 ? f.template operator()<IO, ST, KK, 2>()
-                                : f.template operator()<IO, ST, KK, 1>();
-  };
+// Calls f.template operator()<IO, ST, K>() for the matching instantiation.
+template <class F> cudaError_t dispatch_tile(DType io, DType state, int K, F&& f) {
   auto with_k = [&]<class IO, class ST>() -> cudaError_t {
-    return K == 64 ? with_rows.template operator()<IO, ST, 64>()
-                   : with_rows.template operator()<IO, ST, 128>();
+    return K == 64 ? f.template operator()<IO, ST, 64>() : f.template operator()<IO, ST, 128>();
   };
   auto with_state = [&]<class IO>() -> cudaError_t {
     return state == DType::bf16 ? with_k.template operator()<IO, __nv_bfloat16>()

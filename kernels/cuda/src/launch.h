@@ -25,16 +25,17 @@ struct GuardExtras {
   const std::int32_t* scratch_row_map = nullptr;  // verify, commit (used without scratch_indices)
 };
 
-// Rows of state each thread carries (1 or 2): more rows keep more loads in flight per thread,
-// fewer give small batches more blocks. 0 picks from the grid size.
-int pick_rows_per_thread(std::int64_t rows, std::int32_t heads, std::int32_t K, std::int32_t V,
-                         int requested);
+// Chunks of state rows each block walks (RowTile::kChunkRows rows each; the loads of the next
+// chunk overlap the current one). More chunks per block amortise the block's token prologue and
+// keep loads in flight longer; fewer give small batches more blocks. `requested` > 0 forces it.
+int pick_chunks_per_block(std::int64_t rows, std::int32_t heads, std::int32_t chunks_per_head,
+                          int requested);
 
 // Every launcher returns the launch's cudaError_t (cudaSuccess when there was nothing to do)
 // and never synchronises.
-cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int rows_per_thread,
+cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_per_block,
                           cudaStream_t stream);
-cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int rows_per_thread,
+cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int chunks_per_block,
                           cudaStream_t stream);
 cudaError_t launch_commit(const CommitParams& p, GuardState guard, cudaStream_t stream);
 

@@ -3,12 +3,14 @@
 //
 // Work split: rows of a state are independent given the token's q, k, g and beta (row v needs
 // v[v] and nothing of the other rows), so a block owns one (row n, value head hv) and a slice of
-// kRowsPerBlock state rows. A group of K/16 lanes holds one state row, 16 elements per lane, in
-// registers; the K reductions stay inside the group (shuffles). The token's L2 norms, gate and
-// sigmoid are recomputed by every block (one warp per token, K/32 elements per lane): a few
-// hundred flops against kRowsPerBlock * K * 2 state elements moved. The state row is loaded before
-// that prologue, so its latency overlaps it; it is read once and written once per call, and verify
-// keeps it in registers across its T steps.
+// its state rows. A group of K/16 lanes holds one state row, 16 elements per lane, in registers;
+// the K reductions stay inside the group (shuffles). The slice is walked in chunks of 64 bytes of
+// state per thread (one f32 row or two bf16 rows per thread), and the next chunk's loads are issued
+// before the current chunk is computed, so every thread keeps a chunk in flight for the block's
+// whole life. The token's L2 norms, gate and sigmoid are recomputed by every block (one warp per
+// token, all its loads issued at once): a few hundred flops against the slice's state.
+// The state is read once and written once per call; verify keeps each chunk's rows in registers
+// across its T steps.
 #pragma once
 
 #include <cstdint>
@@ -20,47 +22,62 @@
 namespace kdaguard::gpu::detail {
 
 inline constexpr int kRowThreads = 128;
+inline constexpr int kMaxRowsPerBlock = 128;  // V <= 128
 
-template <class ST, int K, int R> struct RowTile {
-  static constexpr int kLanes = K / 16;                    // lanes per state row
-  static constexpr int kRowsPerPass = kRowThreads / kLanes;
-  static constexpr int kRowsPerBlock = kRowsPerPass * R;
-  static constexpr int kPerVec = StateVec<ST>::kPerVec;    // elements per 16-byte vector
-  static constexpr int kVecs = 16 / kPerVec;               // vectors per lane per row
-  static_assert(K % 32 == 0 && kLanes <= 32 && 32 % kLanes == 0);
+// The geometry of one (state dtype, K): lanes per row, rows a thread carries per chunk (64 bytes
+// of state per thread either way), rows per chunk of the block.
+template <class ST, int K> struct RowTile {
+  static constexpr int kLanes = K / 16;                      // lanes per state row
+  static constexpr int kRowsPerPass = kRowThreads / kLanes;  // rows the block holds at once
+  static constexpr int kPerVec = StateVec<ST>::kPerVec;      // elements per 16-byte vector
+  static constexpr int kVecs = 16 / kPerVec;                 // vectors per lane per row
+  static constexpr int kRows = 4 / kVecs;                    // rows per thread per chunk
+  static constexpr int kChunkRows = kRowsPerPass * kRows;
+  static_assert(K % 32 == 0 && kLanes <= 32 && 32 % kLanes == 0 && kRows * kVecs == 4);
 };
 
 // The prepared inputs of up to kSteps tokens, as the row groups read them.
-template <int K, int kSteps, int kRowsPerBlock> struct alignas(16) StepInputs {
+template <int K, int kSteps> struct alignas(16) StepInputs {
   float k[kSteps][K];
   float q[kSteps][K];      // normalised and scaled
   float decay[kSteps][K];  // exp(g)
-  float v[kSteps][kRowsPerBlock];
+  float v[kSteps][kMaxRowsPerBlock];
   float beta[kSteps];
   float kq[kSteps];        // k . q, so o = S' q + u (k . q) needs one reduction pass
   std::int64_t dst[kSteps];  // verify: flat scratch slot of the step, -1 = not written
 };
 
 // One warp prepares one token for value head hv: q/k (optional L2 norm, scale), the gate's decay
-// exp(g) per key channel, beta, k.q, and v for the block's rows.
-template <class IO, int K, int kSteps, int kRowsPerBlock>
+// exp(g) per key channel, beta, k.q, and v for the block's `rows` rows from row0. Every load is
+// issued before the first use, so the prologue costs one memory round trip.
+template <class IO, int K, int kSteps>
 __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
-                                              int row0, int lane, int step,
-                                              StepInputs<K, kSteps, kRowsPerBlock>& sm) {
+                                              int row0, int rows, int lane, int step,
+                                              StepInputs<K, kSteps>& sm) {
   constexpr int kPerLane = K / 32;
+  constexpr int kVPerLane = kMaxRowsPerBlock / 32;
   const int h = hv / (in.HV / in.H);
+  const bool raw_gate = in.gate_kind != GateKind::activated;
   const IO* qp = static_cast<const IO*>(in.q.data) + token * in.q.token_stride + h * in.q.head_stride;
   const IO* kp = static_cast<const IO*>(in.k.data) + token * in.k.token_stride + h * in.k.head_stride;
+  const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
   const std::int64_t gate_base = token * in.gate.token_stride + hv * in.gate.head_stride;
 
-  float kx[kPerLane], qx[kPerLane], gx[kPerLane];
+  float kx[kPerLane], qx[kPerLane], gx[kPerLane], bias[kPerLane], vx[kVPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
     kx[i] = to_f32(kp[c]);
     qx[i] = to_f32(qp[c]);
     gx[i] = load_f32(in.gate.data, in.gate_dtype, gate_base + c);
+    bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
   }
+#pragma unroll
+  for (int i = 0; i < kVPerLane; ++i) {
+    const int r = lane + 32 * i;
+    vx[i] = r < rows && row0 + r < in.V ? to_f32(vp[row0 + r]) : 0.f;
+  }
+  const float a_log = raw_gate ? in.A_log[hv] : 0.f;
   const float b = load_f32(in.beta.data, in.beta_dtype,
                            token * in.beta.token_stride + hv * in.beta.head_stride);
 
@@ -87,13 +104,13 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
   }
   kq = warp_sum(kq);
 
-  const float a_exp = in.gate_kind == GateKind::activated ? 0.f : expf(in.A_log[hv]);
+  const float a_exp = raw_gate ? expf(a_log) : 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
     float g = gx[i];
-    if (in.gate_kind != GateKind::activated) {
-      const float x = in.dt_bias != nullptr ? g + in.dt_bias[hv * K + c] : g;
+    if (raw_gate) {
+      const float x = g + bias[i];
       if (in.gate_kind == GateKind::softplus) {
         const float softplus = x > 20.f ? x : log1pf(expf(x));
         g = -a_exp * softplus;
@@ -105,72 +122,61 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
     sm.q[step][c] = qx[i];
     sm.decay[step][c] = expf(g);
   }
+#pragma unroll
+  for (int i = 0; i < kVPerLane; ++i) sm.v[step][lane + 32 * i] = vx[i];
   if (lane == 0) {
     sm.beta[step] = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
     sm.kq[step] = kq;
   }
-  const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
-  for (int i = lane; i < kRowsPerBlock; i += 32) {
-    const int row = row0 + i;
-    sm.v[step][i] = row < in.V ? to_f32(vp[row]) : 0.f;
-  }
 }
 
-// The lane's 16 elements of a step's k, q and decay, in the lane's state-row order.
-template <class ST, int K, int R> struct LaneInputs {
-  using Tile = RowTile<ST, K, R>;
-  float k[16], q[16], decay[16];
-
-  template <int kSteps, int kRowsPerBlock>
-  __device__ __forceinline__ void load(const StepInputs<K, kSteps, kRowsPerBlock>& sm, int step,
-                                       int group_lane) {
+// One token on one state row held by a lane group: decay, prediction error on the decayed row,
+// rank-1 correction; returns the row's output o = S_new . q. k, q and the decay are read from
+// shared memory in the lane's element order. Every lane of the warp must call it (the reductions
+// shuffle across the whole warp).
+template <class ST, int K, int kSteps>
+__device__ __forceinline__ float step_row(float (&s)[16], const StepInputs<K, kSteps>& sm, int step,
+                                          int group_lane, float v) {
+  using Tile = RowTile<ST, K>;
+  float sk = 0.f, sq = 0.f;
+  float k[16];
 #pragma unroll
-    for (int c = 0; c < Tile::kVecs; ++c) {
+  for (int c = 0; c < Tile::kVecs; ++c) {
 #pragma unroll
-      for (int w = 0; w < Tile::kPerVec; w += 4) {
-        const int at = (c * Tile::kLanes + group_lane) * Tile::kPerVec + w;
-        const float4 kv = *reinterpret_cast<const float4*>(&sm.k[step][at]);
-        const float4 qv = *reinterpret_cast<const float4*>(&sm.q[step][at]);
-        const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[step][at]);
-        const int e = c * Tile::kPerVec + w;
-        k[e] = kv.x; k[e + 1] = kv.y; k[e + 2] = kv.z; k[e + 3] = kv.w;
-        q[e] = qv.x; q[e + 1] = qv.y; q[e + 2] = qv.z; q[e + 3] = qv.w;
-        decay[e] = dv.x; decay[e + 1] = dv.y; decay[e + 2] = dv.z; decay[e + 3] = dv.w;
+    for (int w = 0; w < Tile::kPerVec; w += 4) {
+      const int at = (c * Tile::kLanes + group_lane) * Tile::kPerVec + w;
+      const float4 kv = *reinterpret_cast<const float4*>(&sm.k[step][at]);
+      const float4 qv = *reinterpret_cast<const float4*>(&sm.q[step][at]);
+      const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[step][at]);
+      const int e = c * Tile::kPerVec + w;
+      const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+      const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
+      const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[e + j] *= dd[j];
+        sk += s[e + j] * kk[j];
+        sq += s[e + j] * qq[j];
+        k[e + j] = kk[j];
       }
     }
   }
-};
-
-// One token on one state row held by a lane group: decay, prediction error on the decayed row,
-// rank-1 correction; returns the row's output o = S_new . q. Every lane of the warp must call it
-// (the reductions shuffle across the whole warp).
-template <int kLanes>
-__device__ __forceinline__ float step_row(float (&s)[16], const float (&k)[16],
-                                          const float (&q)[16], const float (&decay)[16],
-                                          float beta, float kq, float v) {
-  float sk = 0.f, sq = 0.f;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    s[e] *= decay[e];
-    sk += s[e] * k[e];
-    sq += s[e] * q[e];
-  }
-  sk = group_sum<kLanes>(sk);
-  sq = group_sum<kLanes>(sq);
-  const float u = beta * (v - sk);
+  sk = group_sum<Tile::kLanes>(sk);
+  sq = group_sum<Tile::kLanes>(sq);
+  const float u = sm.beta[step] * (v - sk);
 #pragma unroll
   for (int e = 0; e < 16; ++e) s[e] += u * k[e];
-  return sq + u * kq;
+  return sq + u * sm.kq[step];
 }
 
-// Block coordinates: blockIdx.x enumerates (row n, head hv, row slice vb), slices fastest.
+// Block coordinates: blockIdx.x enumerates (row n, head hv, slice), slices fastest.
 struct BlockCoords {
-  std::int32_t n, hv, vb;
+  std::int32_t n, hv, slice;
 };
 __device__ __forceinline__ BlockCoords block_coords(std::int32_t heads, std::int32_t slices) {
   const std::int64_t b = blockIdx.x;
   BlockCoords c;
-  c.vb = static_cast<std::int32_t>(b % slices);
+  c.slice = static_cast<std::int32_t>(b % slices);
   const std::int64_t rest = b / slices;
   c.hv = static_cast<std::int32_t>(rest % heads);
   c.n = static_cast<std::int32_t>(rest / heads);
@@ -184,142 +190,168 @@ __device__ __forceinline__ void store_out(const OutputRows& out, std::int64_t to
       from_f32<IO>(value);
 }
 
-// Loads the lane's part of its R rows of one (slot, head): raw 16-byte vectors, zeros for rows
-// past V.
-template <class ST, int K, int R>
-__device__ __forceinline__ void load_rows(const ST* head_base, int V, int row0, int row_in_pass,
-                                          int group_lane, uint4 (&raw)[R][RowTile<ST, K, R>::kVecs]) {
-  using Tile = RowTile<ST, K, R>;
+// Where a thread's rows of a chunk live: row of the head, and index among the block's rows.
+template <class ST, int K> struct ChunkRows {
+  using Tile = RowTile<ST, K>;
+  int block_row0, row_in_pass, group_lane;
+
+  __device__ __forceinline__ int local(int chunk, int r) const {
+    return chunk * Tile::kChunkRows + r * Tile::kRowsPerPass + row_in_pass;
+  }
+  __device__ __forceinline__ int row(int chunk, int r) const { return block_row0 + local(chunk, r); }
+
+  // Issues the loads of the thread's part of a chunk: raw 16-byte vectors, zeros past V.
+  __device__ __forceinline__ void load(const ST* head, int V, int chunk, uint4 (&raw)[4]) const {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = row0 + r * Tile::kRowsPerPass + row_in_pass;
+    for (int r = 0; r < Tile::kRows; ++r) {
+      const int at = row(chunk, r);
 #pragma unroll
-    for (int c = 0; c < Tile::kVecs; ++c) {
-      raw[r][c] = row < V ? load_stream(head_base + static_cast<std::int64_t>(row) * K +
-                                        (c * Tile::kLanes + group_lane) * Tile::kPerVec)
-                          : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < Tile::kVecs; ++c)
+        raw[r * Tile::kVecs + c] =
+            at < V ? load_stream(head + static_cast<std::int64_t>(at) * K +
+                                 (c * Tile::kLanes + group_lane) * Tile::kPerVec)
+                   : make_uint4(0, 0, 0, 0);
     }
   }
-}
-
-template <class ST, int K, int R>
-__device__ __forceinline__ void store_row(ST* head_base, int row, int group_lane,
-                                          const float (&s)[16]) {
-  using Tile = RowTile<ST, K, R>;
+  __device__ __forceinline__ void unpack(const uint4 (&raw)[4], int r, float (&s)[16]) const {
 #pragma unroll
-  for (int c = 0; c < Tile::kVecs; ++c)
-    store_stream(head_base + static_cast<std::int64_t>(row) * K +
-                     (c * Tile::kLanes + group_lane) * Tile::kPerVec,
-                 StateVec<ST>::pack(&s[c * Tile::kPerVec]));
+    for (int c = 0; c < Tile::kVecs; ++c)
+      StateVec<ST>::unpack(raw[r * Tile::kVecs + c], &s[c * Tile::kPerVec]);
+  }
+  __device__ __forceinline__ void store(ST* head, int at, const float (&s)[16]) const {
+#pragma unroll
+    for (int c = 0; c < Tile::kVecs; ++c)
+      store_stream(head + static_cast<std::int64_t>(at) * K +
+                       (c * Tile::kLanes + group_lane) * Tile::kPerVec,
+                   StateVec<ST>::pack(&s[c * Tile::kPerVec]));
+  }
+};
+
+// Walks `chunks` chunks with the next chunk's loads in flight while the current one is computed:
+// process(raw, chunk) gets each chunk's raw vectors in order. Two named buffers (not an indexed
+// array) keep both in registers.
+template <class ST, int K, class Process>
+__device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                                int chunks, Process&& process) {
+  uint4 even[4], odd[4];
+  rows.load(head, V, 0, even);
+  for (int chunk = 0; chunk < chunks; chunk += 2) {
+    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
+    process(even, chunk);
+    if (chunk + 1 < chunks) {
+      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
+      process(odd, chunk + 1);
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
 // decode: row n is request n, token n; state slot cache_indices[n] updated in place.
 // ------------------------------------------------------------------------------------------------
-template <class IO, class ST, int K, int R>
-__global__ void __launch_bounds__(kRowThreads)
-    decode_kernel(const DecodeParams p, const GuardState guard, const std::int32_t slices) {
-  using Tile = RowTile<ST, K, R>;
-  __shared__ StepInputs<K, 1, Tile::kRowsPerBlock> sm;
+template <class IO, class ST, int K>
+__global__ void __launch_bounds__(kRowThreads, 4)
+    decode_kernel(const DecodeParams p, const GuardState guard, const std::int32_t slices,
+                  const std::int32_t chunks) {
+  using Tile = RowTile<ST, K>;
+  __shared__ StepInputs<K, 1> sm;
 
   const BlockCoords bc = block_coords(p.in.HV, slices);
-  const int lane = threadIdx.x % 32;
-  const int group_lane = threadIdx.x % Tile::kLanes;
-  const int row_in_pass = threadIdx.x / Tile::kLanes;
-  const int row0 = bc.vb * Tile::kRowsPerBlock;
   const int V = p.in.V;
+  const int block_rows = chunks * Tile::kChunkRows;
+  const ChunkRows<ST, K> rows{bc.slice * block_rows, static_cast<int>(threadIdx.x) / Tile::kLanes,
+                              static_cast<int>(threadIdx.x) % Tile::kLanes};
 
   const std::int64_t slot = p.cache_indices[bc.n];
   const std::uint64_t faults = slot_faults(slot, p.state.num_slots);
   if (faults != 0) {
-    if (threadIdx.x == 0 && bc.hv == 0 && bc.vb == 0) raise(guard.error_word, faults);
+    if (threadIdx.x == 0 && bc.hv == 0 && bc.slice == 0) raise(guard.error_word, faults);
     return;
   }
   if (guard.row_flags != nullptr && guard.row_flags[bc.n] != 0) return;
   if (!vc::is_active(slot)) {  // padding row: zeros out, state untouched
-    for (int i = threadIdx.x; i < Tile::kRowsPerBlock; i += kRowThreads)
-      if (row0 + i < V) store_out<IO>(p.out, bc.n, bc.hv, row0 + i, 0.f);
+    for (int i = threadIdx.x; i < block_rows; i += kRowThreads)
+      if (rows.block_row0 + i < V) store_out<IO>(p.out, bc.n, bc.hv, rows.block_row0 + i, 0.f);
     return;
   }
 
   ST* head = static_cast<ST*>(p.state.data) + slot * p.state.slot_stride +
              static_cast<std::int64_t>(bc.hv) * V * K;
-  uint4 raw[R][Tile::kVecs];
-  load_rows<ST, K, R>(head, V, row0, row_in_pass, group_lane, raw);
-
-  if (threadIdx.x < 32) prepare_token<IO, K, 1, Tile::kRowsPerBlock>(p.in, bc.hv, bc.n, row0, lane, 0, sm);
-  __syncthreads();
-
-  LaneInputs<ST, K, R> x;
-  x.load(sm, 0, group_lane);
-  const float beta = sm.beta[0], kq = sm.kq[0];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = r * Tile::kRowsPerPass + row_in_pass;
-    const int row = row0 + i;
-    float s[16];
-#pragma unroll
-    for (int c = 0; c < Tile::kVecs; ++c) StateVec<ST>::unpack(raw[r][c], &s[c * Tile::kPerVec]);
-    const float o = step_row<Tile::kLanes>(s, x.k, x.q, x.decay, beta, kq, sm.v[0][i]);
-    if (row < V) {
-      store_row<ST, K, R>(head, row, group_lane, s);
-      if (group_lane == 0) store_out<IO>(p.out, bc.n, bc.hv, row, o);
+  auto process = [&](const uint4 (&raw)[4], int chunk) {
+    if (chunk == 0) {  // the token is prepared while the first chunks load
+      if (threadIdx.x < 32)
+        prepare_token<IO, K, 1>(p.in, bc.hv, bc.n, rows.block_row0, block_rows, threadIdx.x, 0, sm);
+      __syncthreads();
     }
-  }
+#pragma unroll
+    for (int r = 0; r < Tile::kRows; ++r) {
+      float s[16];
+      rows.unpack(raw, r, s);
+      const float o = step_row<ST, K, 1>(s, sm, 0, rows.group_lane, sm.v[0][rows.local(chunk, r)]);
+      const int at = rows.row(chunk, r);
+      if (at < V) {
+        rows.store(head, at, s);
+        if (rows.group_lane == 0) store_out<IO>(p.out, bc.n, bc.hv, at, o);
+      }
+    }
+  };
+  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
 }
 
 // ------------------------------------------------------------------------------------------------
 // verify: row n owns tokens [cu[n], cu[n+1]); reads committed slot cache_indices[n] (never
-// written), writes the state after step t to its scratch slot. The rows stay in registers across
-// the steps; between steps the state is rounded to the pool's dtype, so verify reproduces T
-// single-token decodes exactly.
+// written), writes the state after step t to its scratch slot. Each chunk's rows stay in
+// registers across the steps; between steps the state is rounded to the pool's dtype, so verify
+// reproduces T single-token decodes exactly. Tokens are prepared 8 at a time; rows of up to 8
+// tokens (the usual draft lengths) prepare them once for all chunks.
 // ------------------------------------------------------------------------------------------------
 inline constexpr int kVerifyStepBatch = 8;  // tokens prepared per barrier
 
-template <class IO, class ST, int K, int R>
-__global__ void __launch_bounds__(kRowThreads)
-    verify_kernel(const VerifyParams p, const GuardState guard, const std::int32_t slices) {
-  using Tile = RowTile<ST, K, R>;
-  __shared__ StepInputs<K, kVerifyStepBatch, Tile::kRowsPerBlock> sm;
+template <class IO, class ST, int K>
+__global__ void __launch_bounds__(kRowThreads, 4)
+    verify_kernel(const VerifyParams p, const GuardState guard, const std::int32_t slices,
+                  const std::int32_t chunks) {
+  using Tile = RowTile<ST, K>;
+  __shared__ StepInputs<K, kVerifyStepBatch> sm;
 
   const BlockCoords bc = block_coords(p.in.HV, slices);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group_lane = threadIdx.x % Tile::kLanes;
-  const int row_in_pass = threadIdx.x / Tile::kLanes;
-  const int row0 = bc.vb * Tile::kRowsPerBlock;
   const int V = p.in.V;
+  const int block_rows = chunks * Tile::kChunkRows;
+  const ChunkRows<ST, K> rows{bc.slice * block_rows, static_cast<int>(threadIdx.x) / Tile::kLanes,
+                              static_cast<int>(threadIdx.x) % Tile::kLanes};
 
   const RowSpan span = row_span(p.cu_seqlens, p.rows, bc.n, p.total_tokens, p.draft_tokens);
   const std::int64_t slot = p.cache_indices[bc.n];
   const std::uint64_t faults = span.faults | slot_faults(slot, p.state.num_slots);
-  const bool first_block_of_row = bc.hv == 0 && bc.vb == 0;
+  const bool first_block_of_row = bc.hv == 0 && bc.slice == 0;
   if (faults != 0) {
     if (threadIdx.x == 0 && first_block_of_row) raise(guard.error_word, faults);
     return;
   }
   if (guard.row_flags != nullptr && guard.row_flags[bc.n] != 0) return;
   const int length = static_cast<int>(span.end - span.begin);
+  if (length == 0) return;
   if (!vc::is_active(slot)) {  // padding row: zero outputs, no scratch
     for (int t = 0; t < length; ++t)
-      for (int i = threadIdx.x; i < Tile::kRowsPerBlock; i += kRowThreads)
-        if (row0 + i < V) store_out<IO>(p.out, span.begin + t, bc.hv, row0 + i, 0.f);
+      for (int i = threadIdx.x; i < block_rows; i += kRowThreads)
+        if (rows.block_row0 + i < V)
+          store_out<IO>(p.out, span.begin + t, bc.hv, rows.block_row0 + i, 0.f);
     return;
   }
 
   const std::int64_t head_offset = static_cast<std::int64_t>(bc.hv) * V * K;
   const ST* head = static_cast<const ST*>(p.state.data) + slot * p.state.slot_stride + head_offset;
-  uint4 raw[R][Tile::kVecs];
-  load_rows<ST, K, R>(head, V, row0, row_in_pass, group_lane, raw);
 
-  float s[R][16];
-  for (int t0 = 0; t0 < length; t0 += kVerifyStepBatch) {
+  int prepared = -1;  // first token of the batch in shared memory; uniform across the block
+  auto prepare = [&](int t0) {
+    if (prepared == t0) return;
+    if (prepared >= 0) __syncthreads();  // the previous batch is consumed
     const int steps = min(kVerifyStepBatch, length - t0);
-    if (t0 > 0) __syncthreads();  // the previous batch is consumed
     for (int step = warp; step < steps; step += kRowThreads / 32) {
       const int t = t0 + step;
-      prepare_token<IO, K, kVerifyStepBatch, Tile::kRowsPerBlock>(p.in, bc.hv, span.begin + t, row0,
-                                                                  lane, step, sm);
+      prepare_token<IO, K, kVerifyStepBatch>(p.in, bc.hv, span.begin + t, rows.block_row0,
+                                             block_rows, lane, step, sm);
       if (lane == 0) {
         std::int64_t dst = scratch_slot(p.target, bc.n, t);
         if (!vc::slot_in_range(dst, p.target.scratch.num_slots, true)) {
@@ -330,35 +362,37 @@ __global__ void __launch_bounds__(kRowThreads)
       }
     }
     __syncthreads();
-    if (t0 == 0) {
+    prepared = t0;
+  };
+
+  auto process = [&](const uint4 (&raw)[4], int chunk) {
+    float s[Tile::kRows][16];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+    for (int r = 0; r < Tile::kRows; ++r) rows.unpack(raw, r, s[r]);
+    for (int t0 = 0; t0 < length; t0 += kVerifyStepBatch) {
+      prepare(t0);
+      const int steps = min(kVerifyStepBatch, length - t0);
+      for (int step = 0; step < steps; ++step) {
+        const std::int64_t dst = sm.dst[step];
+        ST* dst_head = dst >= 0 ? static_cast<ST*>(p.target.scratch.data) +
+                                      dst * p.target.scratch.slot_stride + head_offset
+                                : nullptr;
 #pragma unroll
-        for (int c = 0; c < Tile::kVecs; ++c)
-          StateVec<ST>::unpack(raw[r][c], &s[r][c * Tile::kPerVec]);
-    }
-    for (int step = 0; step < steps; ++step) {
-      LaneInputs<ST, K, R> x;
-      x.load(sm, step, group_lane);
-      const float beta = sm.beta[step], kq = sm.kq[step];
-      const std::int64_t dst = sm.dst[step];
-      ST* dst_head = dst >= 0 ? static_cast<ST*>(p.target.scratch.data) +
-                                    dst * p.target.scratch.slot_stride + head_offset
-                              : nullptr;
+        for (int r = 0; r < Tile::kRows; ++r) {
+          const float o = step_row<ST, K, kVerifyStepBatch>(s[r], sm, step, rows.group_lane,
+                                                            sm.v[step][rows.local(chunk, r)]);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int i = r * Tile::kRowsPerPass + row_in_pass;
-        const int row = row0 + i;
-        const float o = step_row<Tile::kLanes>(s[r], x.k, x.q, x.decay, beta, kq, sm.v[step][i]);
-#pragma unroll
-        for (int e = 0; e < 16; ++e) s[r][e] = StateVec<ST>::round(s[r][e]);
-        if (row < V) {
-          if (dst_head != nullptr) store_row<ST, K, R>(dst_head, row, group_lane, s[r]);
-          if (group_lane == 0) store_out<IO>(p.out, span.begin + t0 + step, bc.hv, row, o);
+          for (int e = 0; e < 16; ++e) s[r][e] = StateVec<ST>::round(s[r][e]);
+          const int at = rows.row(chunk, r);
+          if (at < V) {
+            if (dst_head != nullptr) rows.store(dst_head, at, s[r]);
+            if (rows.group_lane == 0) store_out<IO>(p.out, span.begin + t0 + step, bc.hv, at, o);
+          }
         }
       }
     }
-  }
+  };
+  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -7,20 +7,21 @@
 
 namespace kdaguard::gpu::detail {
 
-cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int rows_per_thread,
+cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int chunks_per_block,
                           cudaStream_t stream) {
-  return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K, rows_per_thread,
-                       [&]<class IO, class ST, int K, int R>() -> cudaError_t {
-                         using Tile = RowTile<ST, K, R>;
-                         const std::int32_t slices =
-                             (p.in.V + Tile::kRowsPerBlock - 1) / Tile::kRowsPerBlock;
+  return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K,
+                       [&]<class IO, class ST, int K>() -> cudaError_t {
+                         using Tile = RowTile<ST, K>;
+                         const int per_head = (p.in.V + Tile::kChunkRows - 1) / Tile::kChunkRows;
+                         const int chunks =
+                             pick_chunks_per_block(p.rows, p.in.HV, per_head, chunks_per_block);
+                         const std::int32_t slices = (per_head + chunks - 1) / chunks;
                          const std::int64_t blocks =
                              static_cast<std::int64_t>(p.rows) * p.in.HV * slices;
                          if (blocks == 0) return cudaSuccess;
                          if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-                         verify_kernel<IO, ST, K, R>
-                             <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard,
-                                                                                         slices);
+                         verify_kernel<IO, ST, K><<<static_cast<unsigned>(blocks), kRowThreads, 0,
+                                               stream>>>(p, guard, slices, chunks);
                          return cudaGetLastError();
                        });
 }

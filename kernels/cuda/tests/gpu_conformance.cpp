@@ -107,7 +107,7 @@ const TensorView& out_of(const AnyCall& c) {
 }
 
 // One generated spec on the GPU and on the reference; returns after every check passed.
-void check_case(const ProblemSpec& spec, std::uint64_t seed, int rows_per_thread,
+void check_case(const ProblemSpec& spec, std::uint64_t seed, int chunks_per_block,
                 DeviceArena& arena) {
   HostProblem ref = support::materialize(spec, seed);
   HostProblem dev = support::materialize(spec, seed);
@@ -120,7 +120,7 @@ void check_case(const ProblemSpec& spec, std::uint64_t seed, int rows_per_thread
   const AnyCall call = dev.relocated(dev.call, Device{Device::Kind::cuda, 0}, copy.bases);
   gpu::LaunchOptions options;
   options.guard = make_guard(arena, spec.rows() + spec.extra_index_entries);
-  options.rows_per_thread = rows_per_thread;
+  options.chunks_per_block = chunks_per_block;
   const Status status = run_gpu(call, options);
   if (!status.ok()) RC_FAIL(to_string(status));
   check_cuda(cudaDeviceSynchronize(), "kernel");
@@ -193,8 +193,8 @@ void run_property(Entry entry, const char* name) {
                               [&] {
                                 const ProblemSpec spec = *support::gen_spec(entry, limits());
                                 const auto seed = *rc::gen::arbitrary<std::uint64_t>();
-                                const int rows_per_thread = *rc::gen::inRange(0, 3);
-                                check_case(spec, seed, rows_per_thread, arena);
+                                const int chunks_per_block = *rc::gen::inRange(0, 9);
+                                check_case(spec, seed, chunks_per_block, arena);
                               });
     EXPECT_TRUE(ok);
     if (!ok) break;

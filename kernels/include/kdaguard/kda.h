@@ -38,9 +38,10 @@ struct DeviceGuard {
 struct LaunchOptions {
   cudaStream_t stream = nullptr;
   DeviceGuard guard;
-  // Tuning: state rows each thread carries in decode and verify (1 or 2); 0 chooses from the
-  // grid size. Results are identical for every choice.
-  int rows_per_thread = 0;
+  // Tuning: chunks of state rows (64 bytes per thread each) every decode or verify block walks,
+  // overlapping the next chunk's loads with the current one; 0 chooses from the grid size.
+  // Results are identical for every choice.
+  int chunks_per_block = 0;
 };
 
 // Whether the call can run here, without launching anything: the contracts accept it, the call is
