@@ -2,12 +2,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <sstream>
-#include <string_view>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -17,33 +14,29 @@ namespace {
 
 constexpr int kExitMalformed = 2;  // also for usage errors and unreadable files: nothing was judged
 
+// The whole input, byte for byte. Plain stdio: it reports a directory or an I/O error through
+// errno instead of throwing from deep inside a stream buffer.
 bool read_all(const std::string& path, std::string& text, std::string& problem) {
-  if (path == "-") {
-    std::ostringstream buffer;
-    buffer << std::cin.rdbuf();
-    text = std::move(buffer).str();
-    if (std::cin.bad()) {
-      problem = "cannot read standard input";
-      return false;
-    }
-    return true;
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    problem = "cannot open " + path + ": " + std::strerror(errno);
+  std::FILE* file = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  const std::string name = path == "-" ? std::string("standard input") : path;
+  if (file == nullptr) {
+    problem = "cannot open " + name + ": " + std::strerror(errno);
     return false;
   }
-  text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-  if (file.bad()) {
-    problem = "cannot read " + path;
+  char buffer[1 << 16];
+  std::size_t count = 0;
+  while ((count = std::fread(buffer, 1, sizeof buffer, file)) > 0) text.append(buffer, count);
+  const bool failed = std::ferror(file) != 0;
+  const int error = errno;
+  if (file != stdin) std::fclose(file);
+  if (failed) {
+    problem = "cannot read " + name + ": " + std::strerror(error);
     return false;
   }
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"kdaguard: the preconditions of the Kimi Delta Attention kernels (decode, prefill, "
                "verify, commit), listed and checked.",
                "kdaguard"};
@@ -111,4 +104,16 @@ int main(int argc, char** argv) {
   std::cout << std::flush;
   flush_problems();
   return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // check_document never throws; this net is for the rest (memory exhausted reading a file, ...).
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& exception) {
+    std::cerr << "kdaguard: internal error: " << exception.what() << "\n";
+  }
+  return kExitMalformed;
 }

@@ -167,10 +167,13 @@ TEST(Check, ReadsStandardInput) {
   EXPECT_EQ(run.out, expected.out);
 }
 
-TEST(Check, UnreadableFileIsExit2) {
+TEST(Check, UnreadableInputIsExit2) {
   const Process run = kdaguard("check /nonexistent/calls.json");
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_NE(run.err.find("cannot open /nonexistent/calls.json"), std::string::npos) << run.err;
+  const Process directory = kdaguard(fmt::format("check '{}'", KDAGUARD_CORPUS_DIR));
+  EXPECT_EQ(directory.exit_code, 2);
+  EXPECT_NE(directory.err.find("cannot read"), std::string::npos) << directory.err;
   EXPECT_EQ(kdaguard("check").exit_code, 2);  // FILE is required
   EXPECT_EQ(kdaguard("check a.json b.json").exit_code, 2);
   EXPECT_EQ(kdaguard("").exit_code, 2);  // a subcommand is required
