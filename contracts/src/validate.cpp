@@ -565,11 +565,16 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
     const i64 HV = t.shape[o + 1], V = t.shape[o + 2], K = t.shape[o + 3];
     const i64 VK = saturating_mul(V, K), slot_size = saturating_mul(HV, VK);
     const i64 slot = t.stride[o];
+    // For pools this rule replaces arg.last_dim_contiguous; the upstream text of that one is
+    // kept in the message so both upstream errors lead here.
     if (t.stride[o + 1] != VK || t.stride[o + 2] != K || t.stride[o + 3] != 1)
       fail(RuleId::state_inner_strides,
            fmt::format("recurrent_kda state inner strides must be compact (V*K, K, 1)=({}, {}, "
-                       "1); got ({}, {}, {}) (only the slot stride may be non-compact) for {}",
-                       VK, K, t.stride[o + 1], t.stride[o + 2], t.stride[o + 3], name));
+                       "1); got ({}, {}, {}) (only the slot stride may be non-compact) for {}{}",
+                       VK, K, t.stride[o + 1], t.stride[o + 2], t.stride[o + 3], name,
+                       t.stride[o + 3] != 1
+                           ? fmt::format("; `{}` must be contiguous in the last dim.", name)
+                           : std::string()));
     if (slot % 16 != 0)
       fail(RuleId::state_slot_stride_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} slot "
