@@ -13,19 +13,6 @@
 namespace kdaguard::support {
 namespace {
 
-bool same_verdict(const Verdict& x, const Verdict& y) {
-  if (x.violations.size() != y.violations.size() || x.deferred.size() != y.deferred.size())
-    return false;
-  for (std::size_t i = 0; i < x.violations.size(); ++i) {
-    const Violation &a = x.violations[i], &b = y.violations[i];
-    if (a.rule != b.rule || a.argument != b.argument || a.message != b.message) return false;
-  }
-  for (std::size_t i = 0; i < x.deferred.size(); ++i)
-    if (x.deferred[i].rule != y.deferred[i].rule || x.deferred[i].argument != y.deferred[i].argument)
-      return false;
-  return true;
-}
-
 // A mixed bag of calls, valid and broken by random mutations or edits.
 GeneratedCall some_call() {
   return *rc::gen::exec([] {

@@ -485,6 +485,19 @@ std::string describe_call(const AnyCall& call) {
   return text;
 }
 
+bool same_verdict(const Verdict& x, const Verdict& y) {
+  if (x.violations.size() != y.violations.size() || x.deferred.size() != y.deferred.size())
+    return false;
+  for (std::size_t i = 0; i < x.violations.size(); ++i) {
+    const Violation &a = x.violations[i], &b = y.violations[i];
+    if (a.rule != b.rule || a.argument != b.argument || a.message != b.message) return false;
+  }
+  for (std::size_t i = 0; i < x.deferred.size(); ++i)
+    if (x.deferred[i].rule != y.deferred[i].rule || x.deferred[i].argument != y.deferred[i].argument)
+      return false;
+  return true;
+}
+
 std::ostream& operator<<(std::ostream& os, const CallPlan& p) {
   os << fmt::format(
       "plan{{{} H={} HV={} K={} V={} io={} gate={}({}) beta={}({}) state={} rows={} slots={} "

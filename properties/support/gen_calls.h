@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kdaguard/contracts/call.h"
+#include "kdaguard/contracts/validate.h"
 
 namespace rc {
 template <class T> class Gen;
@@ -170,6 +171,9 @@ std::string describe_call(const AnyCall& call);
 // Fake addresses used by build_call: distinct buffers sit this far apart.
 inline constexpr std::uint64_t kFakeAddressBase = 0x100000000000ull;
 inline constexpr std::uint64_t kFakeAddressPitch = 0x100000000ull;  // 4 GiB
+
+// Two verdicts with the same violations (rule, argument, message) and deferred checks, in order.
+bool same_verdict(const Verdict& x, const Verdict& y);
 
 // Counterexamples print the plan and the call (RapidCheck finds these through operator<<).
 std::ostream& operator<<(std::ostream& os, const GeneratedCall& generated);

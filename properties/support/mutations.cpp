@@ -57,9 +57,10 @@ void detach_compact(TensorView& t) {
   t.storage_offset = Elements{0};
   t.storage_size.reset();
   i64 step = 1;
-  for (int d = t.rank - 1; d >= 0; --d) {
+  for (int d = std::min(t.rank, kMaxRank) - 1; d >= 0; --d) {
     t.stride[d] = step;
-    step *= std::max<i64>(t.shape[d], 1);
+    if (__builtin_mul_overflow(step, std::max<i64>(t.shape[d], 1), &step))
+      step = std::numeric_limits<i64>::max();  // absurd shapes (fuzzing): saturate
   }
 }
 
@@ -525,8 +526,8 @@ std::vector<Mutation> make_table() {
       {R::arg_last_dim_contiguous, "an index map with stride 2", kC, true, rows(2),
        index_every_other_entry},
       {R::arg_stride, "a negative stride", kDPVC, true, none, negative_stride},
-      {R::arg_stride, "out heads share memory", kDPV, true, PlanNeeds{.min_heads_ratio = 2},
-       out_heads_share_memory},
+      {R::arg_stride, "out heads share memory", kDPV, true,
+       PlanNeeds{.min_tokens = 1, .min_heads_ratio = 2}, out_heads_share_memory},
       {R::arg_extent, "storage one element short", kDPVC, true, none, storage_one_short},
       {R::arg_extent, "storage offset near INT64_MAX", kDPVC, false, none, offset_overflows},
       {R::arg_alignment, "q not 16-byte aligned", kDPV, true, none, q_misaligned},

@@ -1,0 +1,174 @@
+// fuzz_reference: bytes -> a small valid host problem (ProblemSpec, real buffers, random
+// non-zero data) -> the f64 CPU reference. Invariants:
+//   - prefill: the chunked form (f64, any chunk size, either inverse) equals the per-token
+//     recurrence to 1e-10 (rms ratio), and the f32 chunked form to 1e-5 (kda-math.md);
+//   - verify: outputs and per-step scratch states equal those of single-token decodes, bit for
+//     bit; padding rows output zeros;
+//   - commit: the committed slot holds the state after the last accepted decode, bit for bit;
+//   - nothing is written outside what the entry point may write.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fuzz_chooser.h"
+#include "fuzz_failure.h"
+#include "kdaguard/reference.h"
+#include "problem.h"
+#include "reference_case.h"
+
+namespace kdaguard::support {
+namespace {
+
+using i64 = std::int64_t;
+
+void expect_ok(const Status& status, const ProblemSpec& spec, const char* what) {
+  if (!status.ok())
+    fuzz_failure(fmt::format("{} refused a valid problem: {}\n{}", what, to_string(status), describe(spec)));
+}
+
+void check_prefill(HostProblem& problem, const reference::ChunkOptions options) {
+  const auto& call = std::get<PrefillCall>(problem.call);
+  const reference::PrefillResult per_token = reference::prefill_values(call);
+  expect_ok(per_token.status, problem.spec, "prefill_values");
+  auto compare_with = [&](const reference::PrefillResult& chunked, double tolerance, const char* form) {
+    expect_ok(chunked.status, problem.spec, form);
+    const auto out = reference::compare(chunked.values.out, per_token.values.out);
+    const auto state = reference::compare(chunked.values.final_state, per_token.values.final_state);
+    if (!out.pass(tolerance) || !state.pass(tolerance))
+      fuzz_failure(fmt::format("{} (chunk {}, {}) differs from per-token f64 beyond {}: out {}, "
+                               "final state {}\n{}",
+                               form, options.chunk,
+                               options.inverse == reference::ChunkInverse::neumann_product ? "neumann" : "substitution",
+                               tolerance, out.to_string(), state.to_string(), describe(problem.spec)));
+  };
+  compare_with(reference::prefill_chunked_values<double>(call, options), 1e-10, "chunked f64");
+  if (options.chunk == 16 || options.chunk == 64)
+    compare_with(reference::prefill_chunked_values<float>(call, options), 1e-5, "chunked f32");
+
+  // The rounded entry point writes only out and the sequences' slots.
+  problem.poison_outputs();
+  const Snapshot before = problem.snapshot();
+  expect_ok(reference::prefill(call), problem.spec, "prefill");
+  if (const auto where = problem.unexpected_writes(before))
+    fuzz_failure("prefill wrote outside its outputs: " + *where + "\n" + describe(problem.spec));
+}
+
+// Single-token decodes of every active row of a verify/commit problem, on its committed pool in
+// place: per row, per step, the output and the state after the step.
+struct DecodeTrace {
+  std::vector<std::vector<std::vector<double>>> out, state;
+};
+
+DecodeTrace decode_each_token(HostProblem& problem) {
+  const ProblemSpec& s = problem.spec;
+  const VerifyCall& vc = *problem.verify;
+  const Allocation slot_buffer("decode_cache_indices", 4);
+  const Allocation out_buffer("decode_out", static_cast<std::size_t>(s.HV * s.V * element_size(s.io_dtype)));
+  TensorView cache_indices = TensorView::contiguous(DType::i32, {1});
+  cache_indices.address = slot_buffer.address();
+  cache_indices.storage_size = Elements{1};
+  TensorView out = TensorView::contiguous(s.io_dtype, {1, s.HV, s.V});
+  out.address = out_buffer.address();
+  out.storage_size = Elements{s.HV * s.V};
+
+  DecodeTrace trace;
+  trace.out.resize(s.seq_lens.size());
+  trace.state.resize(s.seq_lens.size());
+  i64 first_token = 0;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    const i64 slot = s.slots[n];
+    for (i64 t = 0; slot >= 0 && t < s.seq_lens[n]; ++t) {
+      auto row = [&](const OptionalView& v) -> OptionalView {
+        return v ? OptionalView(slice_rows(*v, first_token + t, 1)) : std::nullopt;
+      };
+      DecodeCall dc;
+      dc.device = vc.device;
+      dc.q = row(vc.q);
+      dc.k = row(vc.k);
+      dc.v = row(vc.v);
+      dc.a = row(vc.a);
+      dc.g = row(vc.g);
+      dc.b = row(vc.b);
+      dc.beta = row(vc.beta);
+      dc.A_log = vc.A_log;
+      dc.dt_bias = vc.dt_bias;
+      dc.state = vc.state;
+      const auto slot32 = static_cast<std::int32_t>(slot);
+      std::memcpy(slot_buffer.data(), &slot32, 4);
+      dc.cache_indices = cache_indices;
+      dc.out = out;
+      dc.scalars = vc.scalars;
+      dc.scalars.draft_token_num.reset();
+      expect_ok(reference::decode(dc), s, "decode");
+      trace.out[n].push_back(read_floats(out));
+      trace.state[n].push_back(read_slot(*vc.state, slot));
+    }
+    first_token += s.seq_lens[n];
+  }
+  return trace;
+}
+
+i64 scratch_slot(const ProblemSpec& s, std::size_t n, i64 t) {
+  return s.scratch_indices ? (*s.scratch_indices)[n * s.draft_tokens + t]
+                           : static_cast<i64>(n) * s.scratch_steps + t;
+}
+
+void check_speculative(HostProblem& problem) {
+  const ProblemSpec& s = problem.spec;
+  const Snapshot fresh = problem.snapshot();
+  const DecodeTrace trace = decode_each_token(problem);
+  problem.restore(fresh);
+
+  // For a verify problem, also: nothing written outside out and the active rows' scratch steps.
+  if (s.entry == Entry::verify) problem.poison_outputs();
+  const Snapshot before_verify = problem.snapshot();
+  expect_ok(reference::verify(*problem.verify), s, "verify");
+  if (s.entry == Entry::verify)
+    if (const auto where = problem.unexpected_writes(before_verify))
+      fuzz_failure("verify wrote outside its outputs: " + *where + "\n" + describe(s));
+  i64 first_token = 0;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    for (i64 t = 0; t < s.seq_lens[n]; ++t) {
+      const auto got = read_floats(slice_rows(*problem.verify->out, first_token + t, 1));
+      if (s.slots[n] < 0) {
+        if (got != std::vector<double>(got.size(), 0.0))
+          fuzz_failure(fmt::format("verify padding row {} output is not zero\n{}", n, describe(s)));
+        continue;
+      }
+      if (got != trace.out[n][t])
+        fuzz_failure(fmt::format("verify row {} step {} output differs from decode\n{}", n, t, describe(s)));
+      const i64 flat = scratch_slot(s, n, t);
+      if (flat >= 0 && read_slot(*problem.verify->scratch, flat) != trace.state[n][t])
+        fuzz_failure(fmt::format("verify row {} step {} state differs from decode\n{}", n, t, describe(s)));
+    }
+    first_token += s.seq_lens[n];
+  }
+  if (s.entry != Entry::commit) return;
+  problem.poison_outputs();
+  const Snapshot before = problem.snapshot();
+  expect_ok(reference::commit(*problem.commit), s, "commit");
+  if (const auto where = problem.unexpected_writes(before))
+    fuzz_failure("commit wrote outside its outputs: " + *where + "\n" + describe(s));
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    const i64 a = s.accepted[n];
+    if (s.slots[n] < 0 || a == 0) continue;
+    if (read_slot(*problem.commit->state, s.slots[n]) != trace.state[n][a - 1])
+      fuzz_failure(fmt::format("commit row {} ({} accepted) differs from decoding them\n{}", n, a, describe(s)));
+  }
+}
+
+}  // namespace
+}  // namespace kdaguard::support
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace kdaguard::support;
+  FuzzedDataProvider bytes(data, size);
+  FuzzChooser choose(bytes);
+  const ReferenceCase c = draw_reference_case(choose);
+  HostProblem problem = materialize(c.spec, c.data_seed);
+  if (c.spec.entry == kdaguard::Entry::prefill) check_prefill(problem, c.chunk);
+  else check_speculative(problem);
+  return 0;
+}

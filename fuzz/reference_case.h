@@ -1,0 +1,114 @@
+// How fuzz_reference turns its choices into a problem (shared with the seed writer): a small
+// valid ProblemSpec of prefill, verify or commit, the seed of its random data, and for prefill
+// the chunked form to compare. Every choice is made here, before any work.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "gen_calls.h"
+#include "kdaguard/reference.h"
+#include "problem.h"
+
+namespace kdaguard::support {
+
+struct ReferenceCase {
+  ProblemSpec spec;
+  std::uint64_t data_seed = 0;
+  reference::ChunkOptions chunk;  // prefill: the chunked form compared with the per-token one
+};
+
+namespace reference_case_detail {
+
+using i64 = std::int64_t;
+
+// The first `count` entries of a permutation of [0, n) (identity when the picks are simplest).
+inline std::vector<i64> injection(i64 count, i64 n, Chooser& c) {
+  std::vector<i64> all(static_cast<std::size_t>(n));
+  std::iota(all.begin(), all.end(), i64{0});
+  for (i64 i = 0; i < count && i < n; ++i) std::swap(all[i], all[c.pick(i, n - 1)]);
+  all.resize(static_cast<std::size_t>(std::min(count, n)));
+  return all;
+}
+
+inline ProblemSpec draw_spec(Chooser& c) {
+  ProblemSpec s;
+  static constexpr Entry kEntries[] = {Entry::prefill, Entry::verify, Entry::commit};
+  s.entry = c.element(kEntries);
+  s.K = c.one_in(4) ? 128 : 64;
+  s.V = c.one_in(4) ? 128 : 64;
+  s.H = static_cast<int>(c.pick(1, 2));
+  s.HV = s.H * (c.coin() ? 2 : 1);
+  static constexpr DType kIo[] = {DType::f32, DType::bf16, DType::f16};
+  s.io_dtype = c.element(kIo);
+  s.state_dtype = c.coin() ? DType::bf16 : DType::f32;
+  static constexpr GateKind kGates[] = {GateKind::softplus, GateKind::bounded, GateKind::activated};
+  s.gate_kind = c.element(kGates);
+  s.gate_dtype = s.gate_kind == GateKind::activated && c.coin() ? DType::f32 : s.io_dtype;
+  s.beta_kind = c.coin() ? BetaKind::activated : BetaKind::logits;
+  s.beta_dtype = c.coin() ? s.io_dtype : DType::f32;
+  s.use_qk_l2norm = c.coin();
+  static constexpr double kScales[] = {0.0, 1.0, 0.5, 0.1};
+  const double scale = c.element(kScales);
+  if (scale > 0) s.scale = scale;
+  static constexpr double kBounds[] = {-5.0, -3.0, -1.0, -0.25};
+  s.lower_bound = c.element(kBounds);
+  s.dt_bias = c.coin();
+  static constexpr double kStrong[] = {0.0, 0.05, 0.5};
+  s.strong_decay_fraction = c.element(kStrong);
+  static constexpr i64 kSlotPads[] = {0, 16, 48};
+  s.slot_pad = c.element(kSlotPads);
+  s.state_offset_32B = c.pick(0, 3);
+  s.packed_qkv = c.coin();
+  s.token_pad_16B = c.pick(0, 2);
+  s.host_values = c.coin();
+
+  const i64 n = c.pick(1, 3);
+  if (s.entry == Entry::prefill) {
+    static constexpr i64 kLens[] = {0, 1, 15, 16, 17, 31, 32, 33};
+    for (i64 r = 0; r < n; ++r) s.seq_lens.push_back(c.coin() ? c.element(kLens) : c.pick(0, 24));
+    s.pool_slots = n + c.pick(0, 2);
+    s.slots = injection(n, s.pool_slots, c);
+    s.cu_seqlens_dtype = c.coin() ? DType::i64 : DType::i32;
+    s.extra_gate_rows = c.pick(0, 2);
+    return s;
+  }
+  s.draft_tokens = c.pick(1, 5);
+  const i64 T = s.draft_tokens;
+  s.scratch_steps = T + c.pick(0, 2);
+  for (i64 r = 0; r < n; ++r) s.seq_lens.push_back(c.pick(0, T));
+  s.pool_slots = n + c.pick(0, 2);
+  s.slots = injection(n, s.pool_slots, c);
+  for (auto& slot : s.slots)
+    if (c.one_in(4)) slot = -1;
+  s.extra_index_entries = c.pick(0, 2);
+  s.scratch_rows = n + s.extra_index_entries + c.pick(0, 2);
+  if (c.coin()) {
+    std::vector<i64> flat = injection(n * T, s.scratch_rows * s.scratch_steps, c);
+    for (auto& f : flat)
+      if (c.one_in(6)) f = -1;
+    s.scratch_indices = flat;
+    s.scratch_row_map = c.coin();
+  }
+  for (i64 r = 0; r < n; ++r) {
+    i64 a = c.pick(0, s.seq_lens[r]);
+    while (a > 0 && s.scratch_indices && (*s.scratch_indices)[r * T + a - 1] < 0) --a;
+    s.accepted.push_back(a);
+  }
+  s.commit_cu_seqlens = c.coin();
+  return s;
+}
+
+}  // namespace reference_case_detail
+
+inline ReferenceCase draw_reference_case(Chooser& c) {
+  ReferenceCase rc{reference_case_detail::draw_spec(c), 0, {}};
+  rc.data_seed = static_cast<std::uint64_t>(c.pick(0, std::int64_t{1} << 30));
+  static constexpr int kChunks[] = {1, 3, 16, 64};
+  rc.chunk = {c.element(kChunks), reference::ChunkInverse::forward_substitution};
+  if (rc.chunk.chunk <= 16 && c.coin()) rc.chunk.inverse = reference::ChunkInverse::neumann_product;
+  return rc;
+}
+
+}  // namespace kdaguard::support
