@@ -5,7 +5,8 @@ lower_bound -5 (safe_gate), beta logits and the L2 norm in the kernel.
 
 Run on the GPU machine with fla on PYTHONPATH. Prints one line per shape as it goes (median of
 triton.testing.do_bench, after a warm-up that includes Triton's autotuning) and a JSON summary.
-Shapes run in order of importance, so a timeout still leaves the headline figures.
+Shapes run in order of importance, so a timeout still leaves the headline figures; arguments,
+when given, select shapes by substring of their names.
 """
 import json
 import sys
@@ -63,8 +64,11 @@ def time_shape(lens, H):
 
 
 def main():
+    only = sys.argv[1:]  # optional: run only shapes whose name contains one of these strings
     results = {}
     for name, lens, H in shapes():
+        if only and not any(o in name for o in only):
+            continue
         ms = time_shape(lens, H)
         token_heads = sum(lens) * H
         results[name] = {"ms": ms, "token_heads_per_s": token_heads / (ms * 1e-3)}

@@ -159,10 +159,12 @@ __device__ __forceinline__ float load_beta_raw(const PrefillParams& p, int hv, s
                           (first + r) * p.in.beta.token_stride + hv * p.in.beta.head_stride);
 }
 
-template <int K, int V>
+// IO: __nv_bfloat16 or __half, the dtype of q, k, v and out (gates and beta may be f32).
+template <class IO, int K, int V>
 __global__ void __launch_bounds__(kChunkThreads, 1)
     prefill_chunked_kernel(const PrefillParams p, const GuardState guard) {
   using Layout = ChunkLayout<K, V>;
+  using Io = IoBits<IO>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<ChunkShared<K, V>*>(smem_raw);
 
@@ -180,7 +182,6 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
     return static_cast<int>(left < kChunk ? left : kChunk);
   };
 
-  const DType io = p.in.io_dtype;
   const GateConstants gate = gate_constants(p.in, hv);
   // Pass-2 coordinates: one key channel, one group of rows.
   const int ch = tid % K;
@@ -247,8 +248,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       float qq = 0.f, kk = 0.f;
 #pragma unroll
       for (int i = lane; i < K; i += 32) {
-        const float qx = half_bits_to_f32(sm.q[buf][r][i], io);
-        const float kx = half_bits_to_f32(sm.k[buf][r][i], io);
+        const float qx = Io::to_f32(sm.q[buf][r][i]);
+        const float kx = Io::to_f32(sm.k[buf][r][i]);
         qq += qx * qx;
         kk += kx * kx;
       }
@@ -259,31 +260,29 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         sm.k_scale[r] = p.in.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.f;
       }
     }
-    if (tid < kChunk) sm.beta[tid] = tid < rows ? activate_beta(p.in.beta_kind, sm.beta_raw[buf][tid]) : 0.f;
+    if (tid < kChunk) sm.beta[tid] = tid < rows ? activate_beta_fast(p.in.beta_kind, sm.beta_raw[buf][tid]) : 0.f;
     if (tid == 0) sm.span_bits = 0;
 
     // ---- pass 2a: activated gates and their running sum inside this thread's row group ----
+    // The gate dtype branch sits outside the row loop, so the loop body has none.
     float G_local[Layout::kGroupRows];
-    {
+    auto gate_rows = [&](auto raw_gate) {
       float running = 0.f;
 #pragma unroll
       for (int i = 0; i < Layout::kGroupRows; ++i) {
         const int r = ch_group * Layout::kGroupRows + i;
-        float g = 0.f;
-        if (r < rows) {
-          float raw;
-          if (p.in.gate_dtype == DType::f32) {
-            raw = __uint_as_float(sm.gate[buf][r][ch]);
-          } else {
-            raw = half_bits_to_f32(reinterpret_cast<const std::uint16_t*>(&sm.gate[buf][r][0])[ch],
-                                   p.in.gate_dtype);
-          }
-          g = activate_gate_fast(gate, raw + ch_bias);
-        }
+        const float g = r < rows ? activate_gate_fast(gate, raw_gate(r) + ch_bias) : 0.f;
         running += g * kLog2e;
         G_local[i] = running;
       }
       sm.gate_total[ch_group][ch] = running;
+    };
+    if (p.in.gate_dtype == DType::f32) {
+      gate_rows([&](int r) { return __uint_as_float(sm.gate[buf][r][ch]); });
+    } else {
+      gate_rows([&](int r) {
+        return Io::to_f32(reinterpret_cast<const std::uint16_t*>(&sm.gate[buf][r][0])[ch]);
+      });
     }
     __syncthreads();
     KDAGUARD_PREFILL_MARK(1);
@@ -308,8 +307,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
       for (int i = 0; i < Layout::kGroupRows; ++i) {
         const int r = ch_group * Layout::kGroupRows + i;
         const float G = prefix + G_local[i];
-        const float q = half_bits_to_f32(sm.q[buf][r][ch], io) * sm.q_scale[r];
-        const float k = half_bits_to_f32(sm.k[buf][r][ch], io) * sm.k_scale[r];
+        const float q = Io::to_f32(sm.q[buf][r][ch]) * sm.q_scale[r];
+        const float k = Io::to_f32(sm.k[buf][r][ch]) * sm.k_scale[r];
         const float d = G - pivot;
         span = fmaxf(span, fabsf(d));
         const bool within = fabsf(d) <= kSpanLimit;
@@ -344,12 +343,17 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         const int nt = warp % 2;
         const __nv_bfloat16(*rows_tile)[Layout::kLdK] = is_A ? sm.Qp : sm.Kp;
         float acc[2][4] = {};
+        // Fragments of step ks + 1 are loaded before the products of step ks.
+        std::uint32_t a[2][4], b[2][2];
+        auto load_step = [&](int ks) {
+          ldmatrix_x4(a[ks % 2], &rows_tile[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+          ldmatrix_x2(b[ks % 2], &sm.Kn[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
+        };
+        load_step(0);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks) {
-          std::uint32_t a[4], b[2];
-          ldmatrix_x4(a, &rows_tile[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-          ldmatrix_x2(b, &sm.Kn[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
-          mma_bf16(acc[ks % 2], a, b[0], b[1]);
+          if (ks + 1 < K / 16) load_step(ks + 1);
+          mma_bf16(acc[ks % 2], a[ks % 2], b[ks % 2][0], b[ks % 2][1]);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -372,9 +376,9 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
 #pragma unroll
           for (int x = lane; x < K; x += 32) {
             const float decayed_kj =
-                half_bits_to_f32(sm.k[buf][j][x], io) * ks_j * exp2f(sm.G[i][x] - sm.G[j][x]);
-            kk += half_bits_to_f32(sm.k[buf][i][x], io) * ks_i * decayed_kj;
-            qk += half_bits_to_f32(sm.q[buf][i][x], io) * qs * decayed_kj;
+                Io::to_f32(sm.k[buf][j][x]) * ks_j * exp2f(sm.G[i][x] - sm.G[j][x]);
+            kk += Io::to_f32(sm.k[buf][i][x]) * ks_i * decayed_kj;
+            qk += Io::to_f32(sm.q[buf][i][x]) * qs * decayed_kj;
           }
           kk = detail::warp_sum(kk);
           qk = detail::warp_sum(qk);
@@ -396,7 +400,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         for (int r = 0; r < kChunk; ++r) x[r] = sm.X[r][tid];
       } else {
 #pragma unroll
-        for (int r = 0; r < kChunk; ++r) x[r] = sm.beta[r] * half_bits_to_f32(sm.v[buf][r][tid - K], io);
+        for (int r = 0; r < kChunk; ++r) x[r] = sm.beta[r] * Io::to_f32(sm.v[buf][r][tid - K]);
       }
 #pragma unroll
       for (int i = 1; i < kChunk; ++i) {
@@ -441,19 +445,23 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         for (int e = 0; e < 4; ++e) out[nt][e] = 0.f;
       }
       // Vnew = U - W S^T and O = (exp(G) Q) S^T: S^T is the B operand, straight from registers.
+      std::uint32_t aw[2][4], aq[2][4];  // fragments of step ks + 1 load during step ks
+      auto load_step = [&](int ks) {
+        ldmatrix_x4(aw[ks % 2], &sm.Wneg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+        ldmatrix_x4(aq[ks % 2], &sm.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+      };
+      load_step(0);
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) {
-        std::uint32_t aw[4], aq[4];
-        ldmatrix_x4(aw, &sm.Wneg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-        ldmatrix_x4(aq, &sm.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+        if (ks + 1 < K / 16) load_step(ks + 1);
         const std::uint32_t b_lo0 = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
         const std::uint32_t b_lo1 = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
         const std::uint32_t b_hi0 = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
         const std::uint32_t b_hi1 = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-        mma_bf16(vnew[0], aw, b_lo0, b_lo1);
-        mma_bf16(vnew[1], aw, b_hi0, b_hi1);
-        mma_bf16(out[0], aq, b_lo0, b_lo1);
-        mma_bf16(out[1], aq, b_hi0, b_hi1);
+        mma_bf16(vnew[0], aw[ks % 2], b_lo0, b_lo1);
+        mma_bf16(vnew[1], aw[ks % 2], b_hi0, b_hi1);
+        mma_bf16(out[0], aq[ks % 2], b_lo0, b_lo1);
+        mma_bf16(out[1], aq[ks % 2], b_hi0, b_hi1);
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -480,16 +488,21 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
             const std::int64_t at = (first + r) * p.out.token_stride +
                                     static_cast<std::int64_t>(hv) * p.out.head_stride + col;
             *reinterpret_cast<std::uint32_t*>(static_cast<std::uint16_t*>(p.out.data) + at) =
-                pack_io(out[nt][2 * half], out[nt][2 * half + 1], io);
+                Io::pack(out[nt][2 * half], out[nt][2 * half + 1]);
           }
         }
       }
       // S <- diag(exp(G_C)) S + Vnew^T Kd: A operand Vnew^T [v][c] (transposed load), B operand
       // Kd [c][k] (transposed load), accumulating into the state tiles.
-      std::uint32_t av[4];
+      std::uint32_t av[4], bk[2][4];
       ldmatrix_x4_trans(av, &sm.Vnew[(lane % 8) + (lane / 16) * 8][v0 + ((lane / 8) % 2) * 8]);
+      auto load_kd = [&](int np) {
+        ldmatrix_x4_trans(bk[np % 2], &sm.Kd[(lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
+      };
+      load_kd(0);
 #pragma unroll
       for (int np = 0; np < K / 16; ++np) {
+        if (np + 1 < K / 16) load_kd(np + 1);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           const int nt = 2 * np + t;
@@ -499,10 +512,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
           S[nt][2] *= dec.x;
           S[nt][3] *= dec.y;
         }
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, &sm.Kd[(lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
-        mma_bf16(S[2 * np], av, b[0], b[1]);
-        mma_bf16(S[2 * np + 1], av, b[2], b[3]);
+        mma_bf16(S[2 * np], av, bk[np % 2][0], bk[np % 2][1]);
+        mma_bf16(S[2 * np + 1], av, bk[np % 2][2], bk[np % 2][3]);
       }
     }
     if (tid < kChunk) sm.beta_raw[buf ^ 1][tid] = beta_next;

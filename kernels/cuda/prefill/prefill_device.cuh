@@ -65,6 +65,12 @@ __device__ __forceinline__ Sequence resolve_sequence(const PrefillParams& p, std
   return s;
 }
 
+__device__ __forceinline__ float fast_rcp(float x) {  // 1/x, ~1 ulp; 1/inf = 0
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // ---- gates and beta (kda-math.md "Gate and beta"), f32 ----------------------------------------
 
 struct GateConstants {
@@ -82,11 +88,12 @@ __device__ __forceinline__ GateConstants gate_constants(const TokenInputs& in, i
 }
 
 // g from the raw value `a` of channel k (dt_bias already added by the caller for raw gates).
-// Fast intrinsics: their absolute error on g is ~1e-6, far below the bf16 operand rounding.
+// Fast intrinsics, branch-free: their absolute error on g is ~1e-6, far below the bf16 operand
+// rounding of the chunked kernel.
 __device__ __forceinline__ float activate_gate_fast(const GateConstants& c, float x) {
   switch (c.kind) {
     case GateKind::softplus: return -c.rate * (x > 20.f ? x : __logf(1.f + __expf(x)));
-    case GateKind::bounded: return c.lower_bound * __frcp_rn(1.f + __expf(-c.rate * x));
+    case GateKind::bounded: return c.lower_bound * fast_rcp(1.f + __expf(-c.rate * x));
     default: return x;
   }
 }
@@ -103,23 +110,32 @@ __device__ __forceinline__ float activate_gate_exact(const GateConstants& c, flo
 __device__ __forceinline__ float activate_beta(BetaKind kind, float b) {
   return kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
 }
-
-// ---- 16-bit element conversions by run-time dtype --------------------------------------------
-
-__device__ __forceinline__ float half_bits_to_f32(std::uint16_t bits, DType dtype) {
-  if (dtype == DType::bf16) return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
-  return __half2float(__ushort_as_half(bits));
+__device__ __forceinline__ float activate_beta_fast(BetaKind kind, float b) {
+  return kind == BetaKind::logits ? fast_rcp(1.f + __expf(-b)) : b;
 }
 
-// Two f32 values rounded to the 16-bit io dtype, `lo` in the low half (the lower address).
-__device__ __forceinline__ std::uint32_t pack_io(float lo, float hi, DType dtype) {
-  if (dtype == DType::bf16) {
+// ---- 16-bit element conversions, the dtype known at compile time ----------------------------
+
+template <class IO> struct IoBits;
+template <> struct IoBits<__nv_bfloat16> {
+  __device__ __forceinline__ static float to_f32(std::uint16_t bits) {
+    return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  }
+  // Two f32 values rounded to bf16, `lo` in the low half (the lower address).
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
+};
+template <> struct IoBits<__half> {
+  __device__ __forceinline__ static float to_f32(std::uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+};
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -160,7 +176,7 @@ __device__ __forceinline__ void ldmatrix_x2(std::uint32_t (&r)[2], const void* r
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4],
                                          std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -22,12 +22,12 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
   }
   if (heads > INT32_MAX) return cudaErrorInvalidConfiguration;
   constexpr int kSmem = static_cast<int>(sizeof(prefill::ChunkShared<K, V>));
+  auto* kernel = p.in.io_dtype == DType::bf16 ? prefill::prefill_chunked_kernel<__nv_bfloat16, K, V>
+                                              : prefill::prefill_chunked_kernel<__half, K, V>;
   // Set on every launch: the attribute is per device, and the current device may change.
-  cudaError_t e = cudaFuncSetAttribute(prefill::prefill_chunked_kernel<K, V>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  prefill::prefill_chunked_kernel<K, V>
-      <<<static_cast<unsigned>(heads), prefill::kChunkThreads, kSmem, stream>>>(p, guard);
+  kernel<<<static_cast<unsigned>(heads), prefill::kChunkThreads, kSmem, stream>>>(p, guard);
   return cudaGetLastError();
 }
 
