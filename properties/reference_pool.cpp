@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gen_problem.h"
+#include "kdaguard/numeric.h"
 #include "kdaguard/reference.h"
 #include "problem.h"
 
@@ -174,6 +175,31 @@ RC_GTEST_PROP(ReferencePool, ResultsDoNotDependOnEarlierCalls, ()) {
   RC_ASSERT(reference::run(earlier.call).ok());
   RC_ASSERT(reference::prefill(std::get<PrefillCall>(problem.call)).ok());
   RC_ASSERT(problem.snapshot() == alone);
+}
+
+// The comparison GPU conformance tests use: identical results compare as exact, and a change to
+// any one element of any written region shows up in the matching error.
+RC_GTEST_PROP(ReferencePool, CompareOutputsSeesEveryWrittenRegion, ()) {
+  const ProblemSpec spec = *gen_any_spec();
+  HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
+  if (spec.entry == Entry::commit) RC_ASSERT(reference::verify(*problem.verify).ok());
+  RC_ASSERT(reference::run(problem.call).ok());
+  const support::Snapshot expected = problem.snapshot();
+  const support::OutputErrors same = problem.compare_outputs(expected, expected);
+  RC_ASSERT(same.out.max_abs == 0.0 && same.state.max_abs == 0.0);
+
+  const std::vector<support::WrittenRegion> regions = problem.written_regions();
+  RC_PRE(!regions.empty());  // (RC_PRE does not short-circuit &&: keep conditions separate)
+  const auto r = *rc::gen::inRange<std::size_t>(0, regions.size());
+  const TensorView& view = regions[r].view;
+  RC_PRE(view.numel() > 0);
+  // Element 0 of the region, set to a value no output holds.
+  const support::Allocation* a = problem.allocation_of(view);
+  numeric::store(a->data(), view.dtype, view.storage_offset.count, 1000.0);
+  const support::OutputErrors changed = problem.compare_outputs(expected, problem.snapshot());
+  const reference::ErrorStats& hit =
+      regions[r].kind == support::WrittenRegion::Kind::out ? changed.out : changed.state;
+  RC_ASSERT(hit.max_abs > 1.0);
 }
 
 // ---- refusals ----

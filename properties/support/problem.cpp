@@ -477,73 +477,90 @@ void HostProblem::restore(const Snapshot& s) {
 
 namespace {
 
-// Marks the bytes of every element of `view` in its allocation's mask.
-void mark_view(const HostProblem& p, const TensorView& view,
-               std::vector<std::vector<bool>>& masks) {
+// Marks the bytes of every element of `view` in its allocation's mask; a pool slot (compact, one
+// byte range) at once.
+void mark(const HostProblem& p, const WrittenRegion& region,
+          std::vector<std::vector<bool>>& masks) {
+  const TensorView& view = region.view;
   const Allocation* a = p.allocation_of(view);
   auto& mask = masks[static_cast<std::size_t>(a - p.allocations.data())];
   const std::int64_t esize = element_size(view.dtype);
+  if (region.kind != WrittenRegion::Kind::out) {
+    const auto begin = mask.begin() + view.storage_offset.count * esize;
+    std::fill(begin, begin + view.numel() * esize, true);
+    return;
+  }
   for_each_element(view, [&](std::int64_t offset) {
     for (std::int64_t b = 0; b < esize; ++b) mask[static_cast<std::size_t>(offset * esize + b)] = true;
   });
 }
 
-// A slot's HV x V x K elements are contiguous (compact inner strides): one byte range.
-void mark_slot(const HostProblem& p, const TensorView& pool, std::int64_t flat_slot,
-               std::vector<std::vector<bool>>& masks) {
-  const TensorView slot = slice_rows(flat_pool(pool), flat_slot, 1);
-  const Allocation* a = p.allocation_of(slot);
-  auto& mask = masks[static_cast<std::size_t>(a - p.allocations.data())];
-  const std::int64_t esize = element_size(slot.dtype);
-  const auto begin = mask.begin() + slot.storage_offset.count * esize;
-  std::fill(begin, begin + slot.numel() * esize, true);
-}
-
-template <class F>
-void for_each_written_scratch_slot(const ProblemSpec& s, F&& f) {
-  for (std::int64_t n = 0; n < s.rows(); ++n) {
-    if (s.slots[n] < 0) continue;
-    for (std::int64_t t = 0; t < s.seq_lens[n]; ++t) {
-      const std::int64_t flat = s.scratch_indices ? (*s.scratch_indices)[n * s.draft_tokens + t]
-                                                  : n * s.scratch_steps + t;
-      if (flat >= 0) f(flat);
-    }
-  }
+// Every element of a view as f64, read from `bytes` standing in for the view's allocation.
+std::vector<double> read_floats_from(const TensorView& view, const std::byte* bytes) {
+  std::vector<double> values;
+  values.reserve(static_cast<std::size_t>(view.numel()));
+  for_each_element(view, [&](std::int64_t offset) {
+    values.push_back(numeric::load(bytes, view.dtype, offset));
+  });
+  return values;
 }
 
 }  // namespace
 
-std::vector<std::vector<bool>> HostProblem::writable() const {
-  std::vector<std::vector<bool>> masks;
-  for (const Allocation& a : allocations) masks.emplace_back(a.bytes(), false);
+std::vector<WrittenRegion> HostProblem::written_regions() const {
+  using Kind = WrittenRegion::Kind;
+  std::vector<WrittenRegion> regions;
   const ProblemSpec& s = spec;
+  auto slot = [&](const TensorView& pool, std::int64_t flat, Kind kind) {
+    regions.push_back({kind, flat, slice_rows(flat_pool(pool), flat, 1)});
+  };
   switch (s.entry) {
     case Entry::decode: {
       const auto& c = std::get<DecodeCall>(call);
-      mark_view(*this, *c.out, masks);
-      for (std::int64_t slot : s.slots)
-        if (slot >= 0) mark_slot(*this, *c.state, slot, masks);
+      regions.push_back({Kind::out, -1, *c.out});
+      for (std::int64_t n = 0; n < s.rows(); ++n)
+        if (s.slots[n] >= 0) slot(*c.state, s.slots[n], Kind::state_slot);
       break;
     }
     case Entry::prefill: {
       const auto& c = std::get<PrefillCall>(call);
-      mark_view(*this, *c.out, masks);
+      regions.push_back({Kind::out, -1, *c.out});
       for (std::int64_t n = 0; n < s.rows(); ++n)
-        if (s.seq_lens[n] > 0) mark_slot(*this, *c.initial_state, s.slots[n], masks);
+        if (s.seq_lens[n] > 0) slot(*c.initial_state, s.slots[n], Kind::state_slot);
       break;
     }
     case Entry::verify:
-      mark_view(*this, *verify->out, masks);
-      for_each_written_scratch_slot(s, [&](std::int64_t flat) {
-        mark_slot(*this, *verify->scratch, flat, masks);
-      });
+      regions.push_back({Kind::out, -1, *verify->out});
+      for (std::int64_t n = 0; n < s.rows(); ++n) {
+        if (s.slots[n] < 0) continue;
+        for (std::int64_t t = 0; t < s.seq_lens[n]; ++t) {
+          const std::int64_t flat = s.scratch_indices ? (*s.scratch_indices)[n * s.draft_tokens + t]
+                                                      : n * s.scratch_steps + t;
+          if (flat >= 0) slot(*verify->scratch, flat, Kind::scratch_slot);
+        }
+      }
       break;
     case Entry::commit:
       for (std::int64_t n = 0; n < s.rows(); ++n)
-        if (s.slots[n] >= 0 && s.accepted[n] > 0)
-          mark_slot(*this, *commit->state, s.slots[n], masks);
+        if (s.slots[n] >= 0 && s.accepted[n] > 0) slot(*commit->state, s.slots[n], Kind::state_slot);
       break;
   }
+  return regions;
+}
+
+std::string WrittenRegion::name() const {
+  switch (kind) {
+    case Kind::out: return "out";
+    case Kind::state_slot: return fmt::format("state slot {}", slot);
+    case Kind::scratch_slot: return fmt::format("scratch slot {}", slot);
+  }
+  return "?";
+}
+
+std::vector<std::vector<bool>> HostProblem::writable() const {
+  std::vector<std::vector<bool>> masks;
+  for (const Allocation& a : allocations) masks.emplace_back(a.bytes(), false);
+  for (const WrittenRegion& region : written_regions()) mark(*this, region, masks);
   return masks;
 }
 
@@ -567,35 +584,35 @@ std::optional<std::string> HostProblem::unexpected_writes(const Snapshot& before
 }
 
 std::optional<std::string> HostProblem::unwritten_outputs() const {
-  auto first_nan = [&](const TensorView& t, std::string_view what) -> std::optional<std::string> {
-    const std::vector<double> values = read_floats(t);
+  for (const WrittenRegion& region : written_regions()) {
+    const std::vector<double> values = read_floats(region.view);
     for (std::size_t i = 0; i < values.size(); ++i)
       if (std::isnan(values[i]))
-        return fmt::format("{} element {} (row-major) still holds the poison", what, i);
-    return std::nullopt;
-  };
-  switch (spec.entry) {
-    case Entry::decode: return first_nan(*std::get<DecodeCall>(call).out, "out");
-    case Entry::prefill: return first_nan(*std::get<PrefillCall>(call).out, "out");
-    case Entry::verify: {
-      if (auto bad = first_nan(*verify->out, "out")) return bad;
-      std::optional<std::string> bad;
-      for_each_written_scratch_slot(spec, [&](std::int64_t flat) {
-        if (!bad) bad = first_nan(slice_rows(flat_pool(*verify->scratch), flat, 1),
-                                  fmt::format("scratch slot {}", flat));
-      });
-      return bad;
-    }
-    case Entry::commit: {
-      for (std::int64_t n = 0; n < spec.rows(); ++n)
-        if (spec.slots[n] >= 0 && spec.accepted[n] > 0)
-          if (auto bad = first_nan(slice_rows(*commit->state, spec.slots[n], 1),
-                                   fmt::format("state slot {}", spec.slots[n])))
-            return bad;
-      return std::nullopt;
-    }
+        return fmt::format("{} element {} (row-major) still holds the poison", region.name(), i);
   }
   return std::nullopt;
+}
+
+std::vector<double> HostProblem::read_floats_in(const Snapshot& s, const TensorView& view) const {
+  const Allocation* a = allocation_of(view);
+  return read_floats_from(view, s.bytes[static_cast<std::size_t>(a - allocations.data())].data());
+}
+
+OutputErrors HostProblem::compare_outputs(const Snapshot& expected, const Snapshot& actual) const {
+  OutputErrors errors;
+  std::vector<double> want_state, got_state;
+  for (const WrittenRegion& region : written_regions()) {
+    std::vector<double> want = read_floats_in(expected, region.view);
+    std::vector<double> got = read_floats_in(actual, region.view);
+    if (region.kind == WrittenRegion::Kind::out) {
+      errors.out = reference::compare(got, want);
+    } else {
+      want_state.insert(want_state.end(), want.begin(), want.end());
+      got_state.insert(got_state.end(), got.begin(), got.end());
+    }
+  }
+  errors.state = reference::compare(got_state, want_state);
+  return errors;
 }
 
 void HostProblem::poison_outputs() {

@@ -6,7 +6,18 @@
 // The buffers are enumerable (one Allocation per buffer, with the arguments viewing it) so GPU
 // tests can upload the very same bytes and relocate the call onto device addresses. Snapshots
 // and the write oracle let any test check that memory outside what an entry point may write is
-// bit-identical afterwards.
+// bit-identical afterwards. A conformance check reads:
+//
+//   HostProblem p = materialize(spec, seed);
+//   p.poison_outputs();
+//   const Snapshot before = p.snapshot();
+//   reference::run(p.call);                      // the f64 reference, on the host buffers
+//   const Snapshot expected = p.snapshot();
+//   p.restore(before);
+//   // copy every p.allocations[i] to a device buffer at bases[i]; run
+//   // p.relocated(p.call, Device{Device::Kind::cuda, 0}, bases); copy the buffers back
+//   const OutputErrors e = p.compare_outputs(expected, p.snapshot());   // e.out, e.state
+//   p.unexpected_writes(before);  p.unwritten_outputs();                // both nullopt
 #pragma once
 
 #include <cstddef>
@@ -20,6 +31,7 @@
 
 #include "kdaguard/contracts/call.h"
 #include "kdaguard/params.h"
+#include "kdaguard/reference.h"
 
 namespace kdaguard::support {
 
@@ -94,6 +106,22 @@ class Allocation {
   std::unique_ptr<std::byte[], Free> memory_;
 };
 
+// What an entry point writes, derived from the spec alone: out (all of it, padding rows as
+// zeros), and whole pool or scratch slots.
+struct WrittenRegion {
+  enum class Kind : std::uint8_t { out, state_slot, scratch_slot };
+  Kind kind;
+  std::int64_t slot;  // flat slot (scratch: row * T_alloc + step); -1 for out
+  TensorView view;    // out, or the slot as a [1, HV, V, K] view
+  std::string name() const;
+};
+
+// Errors of a run's outputs against expected ones (reference::compare on each).
+struct OutputErrors {
+  reference::ErrorStats out;    // every element of out (empty for commit)
+  reference::ErrorStats state;  // every written pool or scratch slot, together
+};
+
 // A copy of every allocation's bytes.
 struct Snapshot {
   std::vector<std::vector<std::byte>> bytes;
@@ -116,15 +144,23 @@ struct HostProblem {
   // buffer), and for commit the pool slots it may write. Take the snapshot after this.
   void poison_outputs();
 
-  // Per allocation, the bytes the spec's entry point may write: out's elements, the pool slots
-  // of active rows (decode; prefill sequences of length > 0; commit rows with accepted > 0), the
-  // scratch slots of active rows' tokens (verify). Derived from the spec, not from any kernel.
+  // What the spec's entry point writes: out's elements, the pool slots of active rows (decode;
+  // prefill sequences of length > 0; commit rows with accepted > 0), the scratch slots of active
+  // rows' tokens (verify). Derived from the spec, not from any kernel.
+  std::vector<WrittenRegion> written_regions() const;
+  // Per allocation, a mask of the bytes of written_regions().
   std::vector<std::vector<bool>> writable() const;
   // A description of the first byte that changed since `before` although it is not writable,
   // or nullopt.
   std::optional<std::string> unexpected_writes(const Snapshot& before) const;
-  // After poison_outputs() and a run: the first writable output element still holding NaN.
+  // After poison_outputs() and a run: the first written-region element still holding NaN.
   std::optional<std::string> unwritten_outputs() const;
+
+  // A view's elements as they are in snapshot `s` (the view must be one of this problem's).
+  std::vector<double> read_floats_in(const Snapshot& s, const TensorView& view) const;
+  // The written regions of `actual` against `expected`: e.g. expected = the snapshot after
+  // reference::run, actual = after a device run whose results were copied back.
+  OutputErrors compare_outputs(const Snapshot& expected, const Snapshot& actual) const;
 
   // The same call on another device: each view's address moved to new_bases[i] for the
   // allocation i it views (storage offsets unchanged), device set. For uploading to a GPU.
