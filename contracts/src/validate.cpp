@@ -921,6 +921,7 @@ void check_values(const Context& ctx, Report& r) {
   if (e != Entry::commit) return;
   if (const auto* accepted = host_values(ctx, Arg::accepted, kAcceptedRules, r);
       accepted && d.T && *d.T >= 1) {
+    bool deferred_skipped_steps = false;
     for (std::size_t n = 0; n < accepted->size(); ++n) {
       const i64 a = (*accepted)[n];
       const i64 length = row_lengths && n < row_lengths->size() ? (*row_lengths)[n] : -1;
@@ -931,9 +932,17 @@ void check_values(const Context& ctx, Report& r) {
                   : fmt::format("accepted[{}] = {} is outside [0, T = {}]", n, a, *d.T));
         continue;
       }
-      const bool active = slots_of_rows && value_checks::is_active((*slots_of_rows)[n]);
-      if (a > 0 && active && scratch_indices && a <= *d.T &&
-          (*scratch_indices)[n * static_cast<std::size_t>(*d.T) + (a - 1)] < 0)
+      const bool names_skipped_step =
+          a > 0 && scratch_indices &&
+          (*scratch_indices)[n * static_cast<std::size_t>(*d.T) + (a - 1)] < 0;
+      if (!names_skipped_step) continue;
+      // Only an active row reads its step; whether it is active needs cache_indices' values.
+      if (!slots_of_rows) {
+        if (!deferred_skipped_steps) r.defer(RuleId::commit_accepted, "accepted");
+        deferred_skipped_steps = true;
+        continue;
+      }
+      if (value_checks::is_active((*slots_of_rows)[n]))
         r.add(RuleId::commit_accepted, "accepted",
               fmt::format("accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] "
                           "is -1 (that step was not written)",

@@ -338,3 +338,30 @@ TEST(Validate, AbsurdNumbersAreErrorsNotCrashes) {
 
 }  // namespace
 }  // namespace kdaguard
+
+namespace kdaguard {
+namespace {
+
+using namespace examples;
+
+// Whether a commit row reads a skipped step depends on whether the row is active, which needs
+// cache_indices' values: without them the check is deferred, not dropped.
+TEST(Validate, CommitOfASkippedStepIsDeferredWithoutCacheIndexValues) {
+  auto c = commit();
+  TensorView si = TensorView::contiguous(DType::i32, {3, 4});
+  si.values = {{0, 1, -1, -1, 4, 5, 6, 7, 8, 9, 10, 11}};
+  c.scratch_indices = si;
+  c.scratch_row_map.reset();
+  c.accepted->values = {{3, 0, 3}};  // row 0 accepts 3 tokens; its step 2 was skipped
+  EXPECT_TRUE(validate(c).breaks(RuleId::commit_accepted));
+  c.cache_indices->values.reset();
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.accepted()) << describe(v);
+  int deferred = 0;
+  for (const DeferredCheck& d : v.deferred)
+    deferred += d.rule == RuleId::commit_accepted && d.argument == "accepted";
+  EXPECT_EQ(deferred, 1);
+}
+
+}  // namespace
+}  // namespace kdaguard
