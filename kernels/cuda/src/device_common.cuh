@@ -104,20 +104,6 @@ __device__ __forceinline__ void store_stream(void* p, const uint4& v) {
   __stcs(static_cast<uint4*>(p), v);
 }
 
-// Asynchronous 16-byte copies global -> shared (cached in L2 only): the bytes in flight live in
-// shared memory, not in registers. A copy with `valid` false writes zeros and reads nothing.
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global, bool valid) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(global),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending> __device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 __device__ __forceinline__ void raise(unsigned long long* error_word, std::uint64_t bits) {
   if (error_word != nullptr && bits != 0) atomicOr(error_word, static_cast<unsigned long long>(bits));
 }

@@ -5,10 +5,9 @@
 // v[v] and nothing of the other rows), so a block owns one (row n, value head hv) and a slice of
 // its state rows. A group of K/16 lanes holds one state row, 16 elements per lane, in registers;
 // the K reductions stay inside the group (shuffles). The slice is walked in chunks of 64 bytes of
-// state per thread (one f32 row or two bf16 rows per thread). Each thread copies its own part of
-// the next chunks into a private ring in shared memory (cp.async, several chunks deep) while it
-// computes the current one, so the bytes in flight don't cost registers and every thread keeps
-// them in flight for the block's whole life. The token's L2 norms, gate and sigmoid are recomputed by every block (one warp per
+// state per thread (one f32 row or two bf16 rows per thread), and the next chunk's loads are issued
+// before the current chunk is computed, so every thread keeps a chunk in flight for the block's
+// whole life. The token's L2 norms, gate and sigmoid are recomputed by every block (one warp per
 // token, all its loads issued at once): a few hundred flops against the slice's state.
 // The state is read once and written once per call; verify keeps each chunk's rows in registers
 // across its T steps.
@@ -201,18 +200,17 @@ template <class ST, int K> struct ChunkRows {
   }
   __device__ __forceinline__ int row(int chunk, int r) const { return block_row0 + local(chunk, r); }
 
-  // Starts the copies of the thread's part of a chunk into its ring slot (zeros past V).
-  __device__ __forceinline__ void copy(const ST* head, int V, int chunk, uint4 (&slot)[4][kRowThreads]) const {
+  // Issues the loads of the thread's part of a chunk: raw 16-byte vectors, zeros past V.
+  __device__ __forceinline__ void load(const ST* head, int V, int chunk, uint4 (&raw)[4]) const {
 #pragma unroll
     for (int r = 0; r < Tile::kRows; ++r) {
       const int at = row(chunk, r);
 #pragma unroll
-      for (int c = 0; c < Tile::kVecs; ++c) {
-        const ST* from = at < V ? head + static_cast<std::int64_t>(at) * K +
-                                      (c * Tile::kLanes + group_lane) * Tile::kPerVec
-                                : head;
-        copy_async_16(&slot[r * Tile::kVecs + c][threadIdx.x], from, at < V);
-      }
+      for (int c = 0; c < Tile::kVecs; ++c)
+        raw[r * Tile::kVecs + c] =
+            at < V ? load_stream(head + static_cast<std::int64_t>(at) * K +
+                                 (c * Tile::kLanes + group_lane) * Tile::kPerVec)
+                   : make_uint4(0, 0, 0, 0);
     }
   }
   __device__ __forceinline__ void unpack(const uint4 (&raw)[4], int r, float (&s)[16]) const {
@@ -229,46 +227,33 @@ template <class ST, int K> struct ChunkRows {
   }
 };
 
-// A thread-private ring of chunks in shared memory: [stage][vector][thread], so a warp's accesses
-// are 512 contiguous bytes (no bank conflicts). Each thread reads back only what it copied itself,
-// so the ring needs no barrier.
-template <int kStages> using ChunkRing = uint4[kStages][4][kRowThreads];
-
-// Walks `chunks` chunks, keeping kStages - 1 chunks ahead in flight: process(raw, chunk) gets each
-// chunk's raw vectors in order.
-template <int kStages, class ST, int K, class Process>
+// Walks `chunks` chunks with the next chunk's loads in flight while the current one is computed:
+// process(raw, chunk) gets each chunk's raw vectors in order. Two named buffers (not an indexed
+// array) keep both in registers.
+template <class ST, int K, class Process>
 __device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
-                                                int chunks, ChunkRing<kStages>& ring,
-                                                Process&& process) {
-#pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) {
-    if (c < chunks) rows.copy(head, V, c, ring[c]);
-    copy_async_commit();  // empty groups keep the count uniform
-  }
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int ahead = chunk + kStages - 1;
-    if (ahead < chunks) rows.copy(head, V, ahead, ring[ahead % kStages]);
-    copy_async_commit();
-    copy_async_wait<kStages - 1>();  // this chunk's group has landed
-    uint4 raw[4];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) raw[v] = ring[chunk % kStages][v][threadIdx.x];
-    process(raw, chunk);
+                                                int chunks, Process&& process) {
+  uint4 even[4], odd[4];
+  rows.load(head, V, 0, even);
+  for (int chunk = 0; chunk < chunks; chunk += 2) {
+    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
+    process(even, chunk);
+    if (chunk + 1 < chunks) {
+      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
+      process(odd, chunk + 1);
+    }
   }
 }
 
 // ------------------------------------------------------------------------------------------------
 // decode: row n is request n, token n; state slot cache_indices[n] updated in place.
 // ------------------------------------------------------------------------------------------------
-inline constexpr int kDecodeStages = 4;  // 3 chunks (192 bytes per thread) in flight
-
 template <class IO, class ST, int K>
-__global__ void __launch_bounds__(kRowThreads, 5)
+__global__ void __launch_bounds__(kRowThreads, 4)
     decode_kernel(const DecodeParams p, const GuardState guard, const std::int32_t slices,
                   const std::int32_t chunks) {
   using Tile = RowTile<ST, K>;
   __shared__ StepInputs<K, 1> sm;
-  __shared__ ChunkRing<kDecodeStages> ring;
 
   const BlockCoords bc = block_coords(p.in.HV, slices);
   const int V = p.in.V;
@@ -309,7 +294,7 @@ __global__ void __launch_bounds__(kRowThreads, 5)
       }
     }
   };
-  pipeline_chunks<kDecodeStages, ST, K>(rows, head, V, chunks, ring, process);
+  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -320,7 +305,6 @@ __global__ void __launch_bounds__(kRowThreads, 5)
 // tokens (the usual draft lengths) prepare them once for all chunks.
 // ------------------------------------------------------------------------------------------------
 inline constexpr int kVerifyStepBatch = 8;  // tokens prepared per barrier
-inline constexpr int kVerifyStages = 3;     // with the step inputs, under 48 KB of shared memory
 
 template <class IO, class ST, int K>
 __global__ void __launch_bounds__(kRowThreads, 4)
@@ -328,7 +312,6 @@ __global__ void __launch_bounds__(kRowThreads, 4)
                   const std::int32_t chunks) {
   using Tile = RowTile<ST, K>;
   __shared__ StepInputs<K, kVerifyStepBatch> sm;
-  __shared__ ChunkRing<kVerifyStages> ring;
 
   const BlockCoords bc = block_coords(p.in.HV, slices);
   const int warp = threadIdx.x / 32;
@@ -409,7 +392,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       }
     }
   };
-  pipeline_chunks<kVerifyStages, ST, K>(rows, head, V, chunks, ring, process);
+  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
 }
 
 }  // namespace kdaguard::gpu::detail
