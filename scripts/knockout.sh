@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Knockout: for every rule of the catalogue, pretend its check was removed from the validators and
+# see which unit and property tests fail. Every rule must fail at least one test; a rule whose
+# removal nothing notices is a rule without a test.
+#
+#   scripts/knockout.sh [BUILD_DIR]          (default build-knockout)
+#     KNOCKOUT_RC_PARAMS  RapidCheck parameters for every run (default "seed=20240229 max_success=100")
+#     KNOCKOUT_JOBS       ctest -j (default nproc)
+#     KNOCKOUT_RULES      space-separated rule ids to run (default: the whole catalogue)
+#
+# Builds BUILD_DIR once with -DKDAGUARD_ENABLE_KNOCKOUT=ON (the validators then honour
+# KDAGUARD_KNOCKOUT_RULE=<rule id>, dropping every violation of that rule), runs the suite once
+# without a knockout (it must pass), then once per rule, and prints a Markdown table of the tests
+# that failed. Writes the table to BUILD_DIR/knockout.md too. Exit status 1 when some rule fails
+# no test or the baseline fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-knockout}
+jobs=${KNOCKOUT_JOBS:-$(nproc)}
+rc_params=${KNOCKOUT_RC_PARAMS:-"seed=20240229 max_success=100"}
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKDAGUARD_ENABLE_KNOCKOUT=ON \
+  -DKDAGUARD_ENABLE_CUDA=OFF -DKDAGUARD_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build "$build" -j"$jobs" >/dev/null
+
+rules=${KNOCKOUT_RULES:-$("$build"/tools/kdaguard rules --json |
+  python3 -c 'import json, sys; print(" ".join(r["id"] for r in json.load(sys.stdin)["rules"]))')}
+
+# Runs the suite; prints the names of the tests that failed, one per line.
+failing_tests() {
+  local junit
+  junit=$(mktemp)
+  RC_PARAMS="$rc_params" ctest --test-dir "$build" -L 'unit|property' -j"$jobs" \
+    --timeout 600 --output-junit "$junit" >/dev/null 2>&1 || true
+  python3 - "$junit" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    if case.get("status") == "fail" or case.find("failure") is not None:
+        print(case.get("name"))
+EOF
+  rm -f "$junit"
+}
+
+echo "knockout: baseline (no rule knocked out) ..." >&2
+baseline=$(unset KDAGUARD_KNOCKOUT_RULE; failing_tests)
+if [ -n "$baseline" ]; then
+  echo "knockout: the suite fails without any knockout; fix that first:" >&2
+  echo "$baseline" >&2
+  exit 1
+fi
+
+table="| rule | tests that fail without its check |
+|---|---|"
+silent=0
+for rule in $rules; do
+  echo "knockout: $rule ..." >&2
+  failed=$(KDAGUARD_KNOCKOUT_RULE="$rule" failing_tests)
+  count=$(printf '%s' "$failed" | grep -c . || true)
+  if [ "$count" -eq 0 ]; then
+    silent=$((silent + 1))
+    cell="**none**"
+  else
+    shown=$(printf '%s\n' "$failed" | head -n 4 | sed 's/^/`/; s/$/`/' | paste -sd ',' - | sed 's/,/, /g')
+    [ "$count" -gt 4 ] && shown="$shown, ... ($count in all)"
+    cell="$shown"
+  fi
+  table="$table
+| \`$rule\` | $cell |"
+done
+
+printf '%s\n' "$table" | tee "$build/knockout.md"
+if [ "$silent" -gt 0 ]; then
+  echo "knockout: $silent rule(s) fail no test" >&2
+  exit 1
+fi
