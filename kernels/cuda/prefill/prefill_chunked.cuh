@@ -264,23 +264,34 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
     if (tid == 0) sm.span_bits = 0;
 
     // ---- pass 2a: activated gates and their running sum inside this thread's row group ----
-    // The gate dtype branch sits outside the row loop, so the loop body has none.
+    // The gate's dtype and form are dispatched outside the row loop, so its body has no branch.
     float G_local[Layout::kGroupRows];
-    auto gate_rows = [&](auto raw_gate) {
+    auto gate_rows = [&](auto raw_gate, auto activate) {
       float running = 0.f;
 #pragma unroll
       for (int i = 0; i < Layout::kGroupRows; ++i) {
         const int r = ch_group * Layout::kGroupRows + i;
-        const float g = r < rows ? activate_gate_fast(gate, raw_gate(r) + ch_bias) : 0.f;
+        const float g = r < rows ? activate(raw_gate(r) + ch_bias) : 0.f;
         running += g * kLog2e;
         G_local[i] = running;
       }
       sm.gate_total[ch_group][ch] = running;
     };
+    auto gate_form = [&](auto raw_gate) {
+      switch (gate.kind) {
+        case GateKind::softplus:
+          gate_rows(raw_gate, [&](float x) { return -gate.rate * (x > 20.f ? x : __logf(1.f + __expf(x))); });
+          break;
+        case GateKind::bounded:
+          gate_rows(raw_gate, [&](float x) { return gate.lower_bound * fast_rcp(1.f + __expf(-gate.rate * x)); });
+          break;
+        default: gate_rows(raw_gate, [](float x) { return x; });
+      }
+    };
     if (p.in.gate_dtype == DType::f32) {
-      gate_rows([&](int r) { return __uint_as_float(sm.gate[buf][r][ch]); });
+      gate_form([&](int r) { return __uint_as_float(sm.gate[buf][r][ch]); });
     } else {
-      gate_rows([&](int r) {
+      gate_form([&](int r) {
         return Io::to_f32(reinterpret_cast<const std::uint16_t*>(&sm.gate[buf][r][0])[ch]);
       });
     }
@@ -297,32 +308,48 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
         if (gi * Layout::kGroupRows <= kPivotRow) pivot += t;  // groups covering rows 0..7
         total += t;
       }
-      // Per element: up = 2^(G - G_p) and down = 2^(G_p - G). Within the span limit the decays
-      // follow from them and two per-channel factors, exp(G) = up 2^G_p and
-      // exp(G_C - G) = 2^(G_C - G_p) down (a factor that underflows stands for a true value below
-      // 2^-36 there); outside it (a chunk that takes the per-pair path) they are formed directly.
-      const float pivot_decay = exp2f(pivot), pivot_to_end = exp2f(total - pivot);
+      // Per element: up = 2^(G - G_p) and down = 2^(G_p - G). When all of this thread's rows are
+      // within the span limit the decays follow from them and two per-channel factors,
+      // exp(G) = up 2^G_p and exp(G_C - G) = 2^(G_C - G_p) down (a factor that underflows stands
+      // for a true value below 2^-36 there); otherwise (a chunk that takes the per-pair path)
+      // they are formed directly. The branch is per thread, outside the row loop.
+      float G[Layout::kGroupRows];
       float span = 0.f;
 #pragma unroll
       for (int i = 0; i < Layout::kGroupRows; ++i) {
-        const int r = ch_group * Layout::kGroupRows + i;
-        const float G = prefix + G_local[i];
-        const float q = Io::to_f32(sm.q[buf][r][ch]) * sm.q_scale[r];
-        const float k = Io::to_f32(sm.k[buf][r][ch]) * sm.k_scale[r];
-        const float d = G - pivot;
-        span = fmaxf(span, fabsf(d));
-        const bool within = fabsf(d) <= kSpanLimit;
-        const float dc = fminf(fmaxf(d, -kSpanLimit), kSpanLimit);
-        const float up = exp2f(dc), down = exp2f(-dc);
-        const float decay = within ? up * pivot_decay : exp2f(G);
-        const float to_end = within ? pivot_to_end * down : exp2f(total - G);
-        sm.G[r][ch] = G;
-        sm.X[r][ch] = sm.beta[r] * decay * k;
-        sm.Qp[r][ch] = __float2bfloat16_rn(q * up);
-        sm.Kp[r][ch] = __float2bfloat16_rn(k * up);
-        sm.Kn[r][ch] = __float2bfloat16_rn(k * down);
-        sm.Qg[r][ch] = __float2bfloat16_rn(q * decay);
-        sm.Kd[r][ch] = __float2bfloat16_rn(k * to_end);
+        G[i] = prefix + G_local[i];
+        span = fmaxf(span, fabsf(G[i] - pivot));
+      }
+      auto tile_rows = [&](auto decays) {
+#pragma unroll
+        for (int i = 0; i < Layout::kGroupRows; ++i) {
+          const int r = ch_group * Layout::kGroupRows + i;
+          const float q = Io::to_f32(sm.q[buf][r][ch]) * sm.q_scale[r];
+          const float k = Io::to_f32(sm.k[buf][r][ch]) * sm.k_scale[r];
+          const float dc = fminf(fmaxf(G[i] - pivot, -kSpanLimit), kSpanLimit);
+          const float up = exp2f(dc), down = exp2f(-dc);
+          float decay, to_end;
+          decays(G[i], up, down, decay, to_end);
+          sm.G[r][ch] = G[i];
+          sm.X[r][ch] = sm.beta[r] * decay * k;
+          sm.Qp[r][ch] = __float2bfloat16_rn(q * up);
+          sm.Kp[r][ch] = __float2bfloat16_rn(k * up);
+          sm.Kn[r][ch] = __float2bfloat16_rn(k * down);
+          sm.Qg[r][ch] = __float2bfloat16_rn(q * decay);
+          sm.Kd[r][ch] = __float2bfloat16_rn(k * to_end);
+        }
+      };
+      if (span <= kSpanLimit) {
+        const float pivot_decay = exp2f(pivot), pivot_to_end = exp2f(total - pivot);
+        tile_rows([&](float, float up, float down, float& decay, float& to_end) {
+          decay = up * pivot_decay;
+          to_end = pivot_to_end * down;
+        });
+      } else {
+        tile_rows([&](float g, float, float, float& decay, float& to_end) {
+          decay = exp2f(g);
+          to_end = exp2f(total - g);
+        });
       }
       if (ch_group == 0) sm.decay_end[ch] = exp2f(total);
 #pragma unroll
