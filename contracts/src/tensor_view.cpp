@@ -65,6 +65,7 @@ TensorView TensorView::contiguous(DType dtype, const std::vector<std::int64_t>& 
 }
 
 std::int64_t TensorView::numel() const {
+  if (rank < 0 || rank > kMaxRank) return 0;  // not a view the contracts accept
   std::int64_t n = 1;
   for (int d = 0; d < rank; ++d) {
     if (shape[d] <= 0) return 0;

@@ -93,11 +93,15 @@ class Report {
   std::optional<RuleId> knocked_out_;
 };
 
+// The dims a view really holds: a rank outside [0, kMaxRank] is reported, never indexed with.
+std::size_t held_dims(const TensorView& t) {
+  return static_cast<std::size_t>(std::clamp(t.rank, 0, kMaxRank));
+}
 std::string shape_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.shape.data(), t.rank), ", "));
+  return fmt::format("({})", fmt::join(std::span(t.shape.data(), held_dims(t)), ", "));
 }
 std::string stride_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.stride.data(), t.rank), ", "));
+  return fmt::format("({})", fmt::join(std::span(t.stride.data(), held_dims(t)), ", "));
 }
 
 // ------------------------------------------------------------------------------------------------
