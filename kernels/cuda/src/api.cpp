@@ -7,6 +7,7 @@
 
 #include "kdaguard/lower.h"
 #include "launch.h"
+#include "prefill_launch.h"
 
 namespace kdaguard::gpu {
 namespace {
@@ -91,6 +92,13 @@ Status can_implement(const DecodeCall& call) {
   Verdict verdict;
   return admit(call, verdict);
 }
+Status can_implement(const PrefillCall& call) {
+  Verdict verdict;
+  if (Status s = admit(call, verdict); !s.ok()) return s;
+  if (std::string why = detail::prefill_unsupported_reason(lower(call)); !why.empty())
+    return Status::unsupported_because(std::move(why));
+  return Status::success();
+}
 Status can_implement(const VerifyCall& call) {
   Verdict verdict;
   return admit(call, verdict);
@@ -113,6 +121,17 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
         return detail::launch_decode(p, g, options.chunks_per_block, s);
       },
       options.stream);
+}
+
+Status prefill(const PrefillCall& call, const LaunchOptions& options) {
+  Verdict verdict;
+  if (Status s = admit(call, verdict); !s.ok()) return s;
+  const PrefillParams params = lower(call);
+  if (std::string why = detail::prefill_unsupported_reason(params); !why.empty())
+    return Status::unsupported_because(std::move(why));
+  if (Status s = guard_ready(verdict, options.guard, params.num_seqs); !s.ok()) return s;
+  return launch(verdict, options.guard, params, detail::GuardExtras{},
+                detail::launch_prefill_guard, detail::launch_prefill, options.stream);
 }
 
 Status verify(const VerifyCall& call, const LaunchOptions& options) {

@@ -1,4 +1,4 @@
-// The CUDA entry points: decode, verify and commit on an NVIDIA Hopper GPU (sm_90a).
+// The CUDA entry points: decode, prefill, verify and commit on an NVIDIA Hopper GPU (sm_90a).
 //
 // Every entry point takes its call, validates it (the meta rules always; the value rules on the
 // host for every index tensor that carries a host copy of its values) and refuses a rejected call
@@ -48,12 +48,18 @@ struct LaunchOptions {
 // for the current CUDA device, and that device is a compute capability 9.0 GPU. A refusal carries
 // the verdict (rejected) or the reason (unsupported).
 Status can_implement(const DecodeCall& call);
+Status can_implement(const PrefillCall& call);
 Status can_implement(const VerifyCall& call);
 Status can_implement(const CommitCall& call);
 
 // One token per request; state slot cache_indices[b] is updated in place; -1 rows get zero
 // outputs and no state access.
 Status decode(const DecodeCall& call, const LaunchOptions& options = {});
+// Varlen chunked prefill: sequence n owns tokens [cu_seqlens[n], cu_seqlens[n+1]); its state is
+// read from slot initial_state_indices[n] and the final state written back there in place; v is
+// never written. bf16/f16 inputs run on the tensor cores, f32 inputs on an f32 per-token kernel.
+// The guard needs one row flag per sequence.
+Status prefill(const PrefillCall& call, const LaunchOptions& options = {});
 // N rows of up to T tokens from the committed state (read only); the state after step t of row n
 // goes to its scratch slot. Padding rows get zero outputs and write no scratch.
 Status verify(const VerifyCall& call, const LaunchOptions& options = {});
