@@ -1,7 +1,8 @@
 // fuzz_contracts: bytes -> a call (an entry point, maybe a catalogue mutation, a valid call drawn
 // for it, random edits of any field) -> the validators. Invariants:
 //   - no crash, no ASan or UBSan report;
-//   - the verdict is deterministic and does not depend on what was validated before;
+//   - the verdict is deterministic and does not depend on what was validated before (checked on
+//     one input in four);
 //   - every violation names a rule of the entry point, an argument and a message; every deferred
 //     check is a value rule;
 //   - a catalogue mutation with no edits after it is reported as its rule (alone, when the
@@ -31,13 +32,24 @@ const AnyCall& bystander() {
   return call;
 }
 
-void check_case(const ContractsCase& c) {
+// Whether this input also gets the determinism check: one input in four, picked by a hash of its
+// bytes (so a reproduced input repeats its checks). Validation dominates the cost of an input;
+// checking every one would halve the executions per second for little gain.
+bool check_determinism(const std::uint8_t* data, std::size_t size) {
+  std::uint32_t h = 2166136261u;
+  for (std::size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 16777619u;
+  return (h & 3u) == 0;
+}
+
+void check_case(const ContractsCase& c, bool determinism) {
   const AnyCall& call = c.call.call;
   const Entry entry = entry_of(call);
   const Verdict verdict = validate(call);
-  (void)validate(bystander());
-  if (!same_verdict(verdict, validate(call)))
-    fuzz_failure("validate() gave two verdicts for one call:\n" + describe_call(call));
+  if (determinism) {
+    (void)validate(bystander());
+    if (!same_verdict(verdict, validate(call)))
+      fuzz_failure("validate() gave two verdicts for one call:\n" + describe_call(call));
+  }
 
   for (const Violation& v : verdict.violations) {
     if (!rule_info(v.rule).applies_to(entry) || v.argument.empty() || v.message.empty())
@@ -77,6 +89,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace kdaguard::support;
   FuzzedDataProvider bytes(data, size);
   FuzzChooser choose(bytes);
-  check_case(draw_contracts_case(choose));
+  check_case(draw_contracts_case(choose), check_determinism(data, size));
   return 0;
 }

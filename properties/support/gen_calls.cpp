@@ -5,6 +5,7 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <sstream>
 
@@ -166,18 +167,33 @@ CallPlan draw_plan(Entry e, const PlanNeeds& needs, Chooser& c) {
 
 namespace {
 
-i64 span_of(const std::vector<i64>& shape, const std::vector<i64>& stride) {
+// Sizes or strides of up to kMaxRank dims, without a heap allocation (this runs per fuzz input).
+struct Dims {
+  std::array<i64, kMaxRank> v{};
+  int rank = 0;
+  Dims() = default;
+  Dims(std::initializer_list<i64> values) {
+    for (i64 x : values) v[static_cast<std::size_t>(rank++)] = x;
+  }
+  i64 operator[](int d) const { return v[static_cast<std::size_t>(d)]; }
+};
+
+i64 span_of(const Dims& shape, const Dims& stride) {
   i64 span = 0;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
+  for (int d = 0; d < shape.rank; ++d) {
     if (shape[d] <= 0) return -1;  // empty
     span += (shape[d] - 1) * stride[d];
   }
   return span;
 }
 
-std::vector<i64> row_major(const std::vector<i64>& shape) {
-  std::vector<i64> stride(shape.size(), 1);
-  for (std::size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * std::max<i64>(shape[d], 1);
+Dims row_major(const Dims& shape) {
+  Dims stride = shape;
+  i64 step = 1;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    stride.v[static_cast<std::size_t>(d)] = step;
+    step *= std::max<i64>(shape[d], 1);
+  }
   return stride;
 }
 
@@ -219,8 +235,7 @@ class Builder {
   explicit Builder(const CallPlan& p) : p_(p), placer_(p) {}
 
   // A view of its own buffer: `lead_bytes` of headroom before element 0.
-  TensorView buffer(DType dt, const std::vector<i64>& shape, const std::vector<i64>& stride,
-                    i64 lead_bytes) {
+  TensorView buffer(DType dt, const Dims& shape, const Dims& stride, i64 lead_bytes) {
     const i64 es = element_size(dt);
     const i64 span = span_of(shape, stride);
     const i64 bytes = lead_bytes + (span + 1) * es;
@@ -232,10 +247,10 @@ class Builder {
     return v;
   }
 
-  TensorView view(DType dt, const std::vector<i64>& shape, const std::vector<i64>& stride) const {
+  TensorView view(DType dt, const Dims& shape, const Dims& stride) const {
     TensorView v;
     v.dtype = dt;
-    v.rank = static_cast<int>(shape.size());
+    v.rank = shape.rank;
     for (int d = 0; d < v.rank; ++d) {
       v.shape[d] = shape[d];
       v.stride[d] = stride[d];
@@ -244,9 +259,9 @@ class Builder {
     return v;
   }
 
-  TensorView index(DType dt, const std::vector<i64>& shape, std::vector<i64> values, Arg arg,
-                   std::vector<i64> stride = {}) {
-    if (stride.empty()) stride = row_major(shape);
+  TensorView index(DType dt, const Dims& shape, std::vector<i64> values, Arg arg,
+                   Dims stride = {}) {
+    if (stride.rank == 0) stride = row_major(shape);
     TensorView v = buffer(dt, shape, stride, p_.view_offset * 16);
     if (p_.has_values(arg)) v.values = std::move(values);
     return v;

@@ -1,6 +1,7 @@
 #include "mutations.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -664,12 +665,18 @@ double interesting_real(Chooser& c) {
 }  // namespace
 
 void random_edit(GeneratedCall& g, Chooser& c) {
-  // Every argument slot of the entry point, present or not.
-  std::vector<Arg> slots;
-  for_each_argument(g.call, [&](Arg a, const OptionalView&) { slots.push_back(a); });
-  const auto present_list = present_args(g);
-  const Arg a = c.element(std::span<const Arg>(slots));
-  OptionalView& v = slot(g, a);
+  // Every argument slot of the entry point, present or not (arrays: this runs per fuzz input).
+  std::array<Arg, kArgCount> slot_storage{}, present_storage{};
+  std::array<OptionalView*, kArgCount> views{};
+  std::size_t slot_count = 0, present_count = 0;
+  for_each_argument(g.call, [&](Arg a, OptionalView& view) {
+    views[slot_count] = &view;
+    slot_storage[slot_count++] = a;
+    if (view) present_storage[present_count++] = a;
+  });
+  const std::span<const Arg> present_list(present_storage.data(), present_count);
+  const std::size_t which = static_cast<std::size_t>(c.pick(0, static_cast<i64>(slot_count) - 1));
+  OptionalView& v = *views[which];
   const int what = static_cast<int>(c.pick(0, 12));
   if (what == 11) {  // scalars
     Scalars& s = scalars_of(g.call);
@@ -688,7 +695,7 @@ void random_edit(GeneratedCall& g, Chooser& c) {
   }
   if (what == 0) {  // presence
     if (v) v.reset();
-    else if (!present_list.empty()) v = present(g, c.element(std::span<const Arg>(present_list)));
+    else if (!present_list.empty()) v = present(g, c.element(present_list));
     return;
   }
   if (!v) return;
@@ -720,7 +727,7 @@ void random_edit(GeneratedCall& g, Chooser& c) {
         case 1: t.address = kMovedAddress + static_cast<std::uint64_t>(c.pick(0, 64)); break;
         case 2:
           if (!present_list.empty())
-            t.address = present(g, c.element(std::span<const Arg>(present_list))).address;
+            t.address = present(g, c.element(present_list)).address;
           break;
         default: t.address = ~std::uint64_t{0} - static_cast<std::uint64_t>(c.pick(0, 4096)); break;
       }
