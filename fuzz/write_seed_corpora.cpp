@@ -13,6 +13,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,18 +57,22 @@ std::string file_name(std::string_view text) {
   return name;
 }
 
+// A call for the JSON corpus and the name its file gets.
+using NamedCall = std::pair<std::string, AnyCall>;
+
 constexpr Entry kEntries[] = {Entry::decode, Entry::prefill, Entry::verify, Entry::commit};
 
 // A recorded fuzz_contracts input for (entry, mutation or none, no edits or some), found by
 // trying seeds in order until the drawn case is the one wanted.
+template <class Wanted>
 std::vector<std::uint8_t> contracts_input(std::size_t entry, std::int64_t mutation, bool edits,
-                                          std::uint64_t& seed, ContractsCase* drawn) {
+                                          std::uint64_t& seed, ContractsCase* drawn, Wanted wanted) {
   for (;; ++seed) {
     SeededChooser random(seed);
     ScriptedChooser scripted({static_cast<std::int64_t>(entry), mutation}, random);
     RecordingChooser record(scripted);
     ContractsCase c = draw_contracts_case(record);
-    if ((c.edits > 0) != edits) continue;
+    if ((c.edits > 0) != edits || !wanted(c.call)) continue;
     // Check the bytes replay to the same case.
     const auto bytes = record.bytes();
     FuzzedDataProvider data(bytes.data(), bytes.size());
@@ -81,17 +86,81 @@ std::vector<std::uint8_t> contracts_input(std::size_t entry, std::int64_t mutati
     return bytes;
   }
 }
+std::vector<std::uint8_t> contracts_input(std::size_t entry, std::int64_t mutation, bool edits,
+                                          std::uint64_t& seed, ContractsCase* drawn) {
+  return contracts_input(entry, mutation, edits, seed, drawn, [](const GeneratedCall&) { return true; });
+}
 
-void write_contracts(const fs::path& dir, std::vector<AnyCall>& json_calls) {
+std::int64_t mutation_index(std::string_view name) {
+  const auto table = mutation_table();
+  for (std::size_t m = 0; m < table.size(); ++m)
+    if (table[m].name == name) return static_cast<std::int64_t>(m);
+  std::fprintf(stderr, "seed writer: no mutation \"%.*s\"\n", static_cast<int>(name.size()), name.data());
+  std::exit(1);
+}
+
+const TensorView& arg_of(const GeneratedCall& g, Arg a) { return **find_argument(g.call, a); }
+bool has_arg(const GeneratedCall& g, Arg a) {
+  const OptionalView* v = find_argument(g.call, a);
+  return v && v->has_value();
+}
+
+// The three seeds' scenarios (shared/seeds), each as the call that upstream hit.
+void write_seed_scenarios(const fs::path& dir, std::uint64_t& seed, std::vector<NamedCall>& json_calls) {
+  struct Scenario {
+    const char* file;
+    std::size_t entry;  // index into kEntries
+    std::int64_t mutation;
+    std::function<bool(const GeneratedCall&)> wanted;
+  };
+  const std::vector<Scenario> scenarios = {
+      {"seed000_permuted_row_map_after_eviction", 2, mutation_index("permuted row map without scratch_indices"),
+       [](const GeneratedCall& g) { return g.plan.rows() >= 2; }},
+      {"seed000_permuted_row_map_with_scratch_indices_is_legal", 2, -1,
+       [](const GeneratedCall& g) {
+         const auto& map = g.plan.scratch_row_of_row;
+         return g.plan.explicit_scratch_indices && g.plan.row_map && map.size() >= 2 &&
+                !std::is_sorted(map.begin(), map.end());
+       }},
+      {"seed000_more_draft_tokens_than_scratch_steps", 2, mutation_index("T > T_alloc"),
+       [](const GeneratedCall&) { return true; }},
+      {"seed003_transposed_state_pool", 0, mutation_index("padded or transposed inner dims"),
+       [](const GeneratedCall& g) { return arg_of(g, Arg::state).stride[3] != 1; }},
+      {"seed003_slot_stride_not_a_multiple_of_16", 0, mutation_index("slot stride not a multiple of 16"),
+       [](const GeneratedCall& g) { return arg_of(g, Arg::state).stride[0] % 16 != 0; }},
+      {"seed003_16_byte_base_offset", 0, mutation_index("pool base 16 bytes off"),
+       [](const GeneratedCall& g) {
+         const TensorView& t = arg_of(g, Arg::state);
+         return t.address == 0 && t.storage_offset.count * element_size(t.dtype) % 32 == 16;
+       }},
+      {"seed003_pool_not_4d", 0, mutation_index("a 3-D pool"), [](const GeneratedCall&) { return true; }},
+      {"seed004_prefill_without_initial_state", 1, mutation_index("prefill without its pool or indices"),
+       [](const GeneratedCall& g) { return !has_arg(g, Arg::initial_state) && has_arg(g, Arg::initial_state_indices); }},
+      {"seed004_prefill_without_initial_state_indices", 1, mutation_index("prefill without its pool or indices"),
+       [](const GeneratedCall& g) { return has_arg(g, Arg::initial_state) && !has_arg(g, Arg::initial_state_indices); }},
+      {"seed004_gate_shorter_than_q", 1, mutation_index("gate or beta shorter than q"),
+       [](const GeneratedCall& g) {
+         const Arg gate = has_arg(g, Arg::a) ? Arg::a : Arg::g;
+         return arg_of(g, gate).shape[0] < arg_of(g, Arg::q).shape[0];
+       }},
+  };
+  for (const Scenario& s : scenarios) {
+    ContractsCase c;
+    write_file(dir / s.file, contracts_input(s.entry, s.mutation, false, ++seed, &c, s.wanted));
+    json_calls.emplace_back(s.file, c.call.call);
+  }
+}
+
+void write_contracts(const fs::path& dir, std::vector<NamedCall>& json_calls) {
   fs::create_directories(dir);
   std::uint64_t seed = 1;
   int files = 0;
   for (std::size_t e = 0; e < std::size(kEntries); ++e) {
     for (int i = 0; i < 4; ++i) {
       ContractsCase c;
-      write_file(dir / fmt::format("valid_{}_{}", entry_name(kEntries[e]), i),
-                 contracts_input(e, -1, false, ++seed, &c));
-      json_calls.push_back(c.call.call);
+      const std::string name = fmt::format("valid_{}_{}", entry_name(kEntries[e]), i);
+      write_file(dir / name, contracts_input(e, -1, false, ++seed, &c));
+      json_calls.emplace_back(name, c.call.call);
       ++files;
     }
     for (int i = 0; i < 3; ++i) {
@@ -100,28 +169,31 @@ void write_contracts(const fs::path& dir, std::vector<AnyCall>& json_calls) {
       ++files;
     }
   }
+  write_seed_scenarios(dir, seed, json_calls);
+  files += 10;
   const auto table = mutation_table();
   for (std::size_t m = 0; m < table.size(); ++m) {
     for (std::size_t e = 0; e < std::size(kEntries); ++e) {
       if (!table[m].applies_to(kEntries[e])) continue;
       ContractsCase c;
       const auto bytes = contracts_input(e, static_cast<std::int64_t>(m), false, ++seed, &c);
-      write_file(dir / fmt::format("{}_{}_{}", rule_id(table[m].rule), entry_name(kEntries[e]),
-                                   file_name(table[m].name)),
-                 bytes);
-      json_calls.push_back(c.call.call);
+      const std::string name = fmt::format("{}_{}_{}", rule_id(table[m].rule), entry_name(kEntries[e]),
+                                           file_name(table[m].name));
+      write_file(dir / name, bytes);
+      json_calls.emplace_back(name, c.call.call);
       ++files;
     }
   }
   std::printf("%s: %d inputs\n", dir.string().c_str(), files);
 }
 
-void write_check_json(const fs::path& dir, const std::vector<AnyCall>& calls) {
+void write_check_json(const fs::path& dir, const std::vector<NamedCall>& named) {
   fs::create_directories(dir);
   int files = 0;
-  for (std::size_t i = 0; i < calls.size(); ++i) {
-    write_file(dir / fmt::format("call_{:03}_{}.json", i, entry_name(entry_of(calls[i]))),
-               callio::call_to_json(calls[i]).dump(1) + "\n");
+  std::vector<AnyCall> calls;
+  for (const auto& [name, call] : named) {
+    write_file(dir / (name + ".json"), callio::call_to_json(call).dump(1) + "\n");
+    calls.push_back(call);
     ++files;
   }
   // Documents of several calls: an array and JSON Lines.
@@ -173,7 +245,7 @@ int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   using namespace kdaguard::support;
   const fs::path root(argv[1]);
-  std::vector<kdaguard::AnyCall> calls;
+  std::vector<NamedCall> calls;
   write_contracts(root / "fuzz_contracts", calls);
   write_check_json(root / "fuzz_check_json", calls);
   write_reference(root / "fuzz_reference");
