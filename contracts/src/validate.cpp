@@ -863,8 +863,12 @@ void check_values(const Context& ctx, Report& r) {
                           cu->back()));
       if (monotone) {
         row_lengths.emplace();
-        for (std::size_t i = 0; i + 1 < cu->size(); ++i)
-          row_lengths->push_back((*cu)[i + 1] - (*cu)[i]);
+        for (std::size_t i = 0; i + 1 < cu->size(); ++i) {
+          i64 length = 0;  // offsets never decrease here, but may span more than int64 holds
+          if (__builtin_sub_overflow((*cu)[i + 1], (*cu)[i], &length))
+            length = std::numeric_limits<i64>::max();
+          row_lengths->push_back(length);
+        }
       }
       // An invalid T is verify.draft_tokens' to report; row lengths are judged against a valid one.
       if (monotone && (e == Entry::verify || e == Entry::commit) && d.T && *d.T >= 1) {
