@@ -353,15 +353,17 @@ struct ByteRange {
 bool maps_elements_one_to_one(const TensorView& t) {
   std::array<int, kMaxRank> order{};
   int n = 0;
-  for (int d = 0; d < t.rank; ++d)
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] == 0) return true;  // an empty view maps nothing, whatever its strides
     if (t.shape[d] > 1) order[n++] = d;
+  }
   std::sort(order.begin(), order.begin() + n,
             [&](int x, int y) { return t.stride[x] < t.stride[y]; });
   i64 spanned = 0;  // largest offset reachable with the smaller dims
   for (int i = 0; i < n; ++i) {
     const int d = order[i];
     if (t.stride[d] <= spanned) return false;
-    spanned += (t.shape[d] - 1) * t.stride[d];  // bounded: span_elements succeeded
+    spanned += (t.shape[d] - 1) * t.stride[d];  // bounded: the extent check passed
   }
   return true;
 }
