@@ -14,6 +14,22 @@ inline constexpr int kEntryCount = 4;
 std::string_view entry_name(Entry e);
 std::optional<Entry> entry_from_name(std::string_view name);
 
+// Sets of entry points as bit masks (RuleInfo::entry_mask): bit (1 << Entry).
+constexpr std::uint8_t entry_bit(Entry e) {
+  return static_cast<std::uint8_t>(1u << static_cast<unsigned>(e));
+}
+namespace entry_masks {
+inline constexpr std::uint8_t kD = entry_bit(Entry::decode);
+inline constexpr std::uint8_t kP = entry_bit(Entry::prefill);
+inline constexpr std::uint8_t kV = entry_bit(Entry::verify);
+inline constexpr std::uint8_t kC = entry_bit(Entry::commit);
+inline constexpr std::uint8_t kDPV = kD | kP | kV;
+inline constexpr std::uint8_t kDPVC = kD | kP | kV | kC;
+inline constexpr std::uint8_t kPVC = kP | kV | kC;
+inline constexpr std::uint8_t kPV = kP | kV;
+inline constexpr std::uint8_t kVC = kV | kC;
+}  // namespace entry_masks
+
 // meta: checked on the host from shapes, strides, dtypes and addresses.
 // value: needs index values; checked on the host when a host copy is given, else on the device.
 enum class Tier : std::uint8_t { meta, value };
@@ -32,7 +48,7 @@ struct RuleInfo {
   std::uint8_t entry_mask;   // bit (1 << Entry) for each entry point the rule applies to
   std::string_view meaning;  // one line
 
-  bool applies_to(Entry e) const { return (entry_mask >> static_cast<int>(e)) & 1u; }
+  bool applies_to(Entry e) const { return (entry_mask & entry_bit(e)) != 0; }
 };
 
 // Every rule in catalogue order.
