@@ -52,6 +52,9 @@ struct Case {
   RuleId rule;
 };
 
+// Names the case in test output (gtest would otherwise dump the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 // One or more cases per rule; a test below checks every catalogue rule has one.
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
