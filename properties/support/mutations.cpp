@@ -12,15 +12,7 @@ using i64 = std::int64_t;
 
 namespace {
 
-constexpr std::uint8_t kD = 1u << static_cast<int>(Entry::decode);
-constexpr std::uint8_t kP = 1u << static_cast<int>(Entry::prefill);
-constexpr std::uint8_t kV = 1u << static_cast<int>(Entry::verify);
-constexpr std::uint8_t kC = 1u << static_cast<int>(Entry::commit);
-constexpr std::uint8_t kDPV = kD | kP | kV;
-constexpr std::uint8_t kDPVC = kD | kP | kV | kC;
-constexpr std::uint8_t kPVC = kP | kV | kC;
-constexpr std::uint8_t kPV = kP | kV;
-constexpr std::uint8_t kVC = kV | kC;
+using namespace entry_masks;
 
 // An address far from every buffer build_call places (those sit at kFakeAddressBase + i * 4 GiB
 // for small i), for buffers a mutation moves.
