@@ -115,7 +115,7 @@ struct CallPlan {
 
   // Layouts.
   bool packed_qkv = false;        // q, k, v sliced from one projection buffer [T, 2HK + HV*V + pad]
-  std::int64_t row_pad = 0;       // extra 16-byte units per token row of q/k/v/out
+  std::int64_t row_pad = 0;       // extra 16-byte units per token row of q/k/v/a/g/out (b/beta: elements)
   std::int64_t head_pad = 0;      // extra 16-byte units per head of separate q and k
   std::int64_t slot_pad = 0;      // extra 16-element units per pool slot (envelope pitch)
   std::int64_t step_pad = 0;      // extra 16-element units per scratch step
