@@ -28,6 +28,10 @@ mkdir -p "$OUT"
 for target in "${targets[@]}"; do
   cp "$WORK/fuzz/$target" "$OUT/$target"
   (cd "$SRC/corpus/$target" && zip -q -r "$OUT/${target}_seed_corpus.zip" .)
+  # kdaguard check's example calls seed the JSON target too.
+  if [ "$target" = fuzz_check_json ]; then
+    (cd "$SRC/corpus/calls" && zip -q -r "$OUT/${target}_seed_corpus.zip" . -x EXPECTED.tsv)
+  fi
   [ -f "$SRC/fuzz/$target.dict" ] && cp "$SRC/fuzz/$target.dict" "$OUT/$target.dict"
 done
 echo "oss_fuzz_build: ${targets[*]} -> $OUT"
