@@ -17,6 +17,7 @@
 #include "kdaguard/reference.h"
 #include "problem.h"
 #include "reference_case.h"
+#include "speculative.h"
 
 namespace kdaguard::support {
 namespace {
@@ -55,64 +56,10 @@ void check_prefill(HostProblem& problem, const reference::ChunkOptions options) 
     fuzz_failure("prefill wrote outside its outputs: " + *where + "\n" + describe(problem.spec));
 }
 
-// Single-token decodes of every active row of a verify/commit problem, on its committed pool in
-// place: per row, per step, the output and the state after the step.
-struct DecodeTrace {
-  std::vector<std::vector<std::vector<double>>> out, state;
-};
-
 DecodeTrace decode_each_token(HostProblem& problem) {
-  const ProblemSpec& s = problem.spec;
-  const VerifyCall& vc = *problem.verify;
-  const Allocation slot_buffer("decode_cache_indices", 4);
-  const Allocation out_buffer("decode_out", static_cast<std::size_t>(s.HV * s.V * element_size(s.io_dtype)));
-  TensorView cache_indices = TensorView::contiguous(DType::i32, {1});
-  cache_indices.address = slot_buffer.address();
-  cache_indices.storage_size = Elements{1};
-  TensorView out = TensorView::contiguous(s.io_dtype, {1, s.HV, s.V});
-  out.address = out_buffer.address();
-  out.storage_size = Elements{s.HV * s.V};
-
   DecodeTrace trace;
-  trace.out.resize(s.seq_lens.size());
-  trace.state.resize(s.seq_lens.size());
-  i64 first_token = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    const i64 slot = s.slots[n];
-    for (i64 t = 0; slot >= 0 && t < s.seq_lens[n]; ++t) {
-      auto row = [&](const OptionalView& v) -> OptionalView {
-        return v ? OptionalView(slice_rows(*v, first_token + t, 1)) : std::nullopt;
-      };
-      DecodeCall dc;
-      dc.device = vc.device;
-      dc.q = row(vc.q);
-      dc.k = row(vc.k);
-      dc.v = row(vc.v);
-      dc.a = row(vc.a);
-      dc.g = row(vc.g);
-      dc.b = row(vc.b);
-      dc.beta = row(vc.beta);
-      dc.A_log = vc.A_log;
-      dc.dt_bias = vc.dt_bias;
-      dc.state = vc.state;
-      const auto slot32 = static_cast<std::int32_t>(slot);
-      std::memcpy(slot_buffer.data(), &slot32, 4);
-      dc.cache_indices = cache_indices;
-      dc.out = out;
-      dc.scalars = vc.scalars;
-      dc.scalars.draft_token_num.reset();
-      expect_ok(reference::decode(dc), s, "decode");
-      trace.out[n].push_back(read_floats(out));
-      trace.state[n].push_back(read_slot(*vc.state, slot));
-    }
-    first_token += s.seq_lens[n];
-  }
+  expect_ok(support::decode_each_token(problem, trace), problem.spec, "decode");
   return trace;
-}
-
-i64 scratch_slot(const ProblemSpec& s, std::size_t n, i64 t) {
-  return s.scratch_indices ? (*s.scratch_indices)[n * s.draft_tokens + t]
-                           : static_cast<i64>(n) * s.scratch_steps + t;
 }
 
 void check_speculative(HostProblem& problem) {

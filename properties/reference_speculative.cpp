@@ -11,78 +11,21 @@
 #include "gen_problem.h"
 #include "kdaguard/reference.h"
 #include "problem.h"
+#include "speculative.h"
 
 namespace kdaguard {
 namespace {
 
+using support::DecodeTrace;
 using support::HostProblem;
 using support::ProblemSpec;
+using support::scratch_slot;
 
-// What single-token decodes produce for every active row of a verify problem: per row, per step,
-// the output [HV, V] and the state after the step [HV, V, K].
-struct DecodeTrace {
-  std::vector<std::vector<std::vector<double>>> out, state;
-};
-
-// Decodes every token of every active row, one decode call per token, on the problem's committed
-// pool in place (callers restore it afterwards).
 DecodeTrace decode_each_token(HostProblem& problem) {
-  const ProblemSpec& s = problem.spec;
-  const VerifyCall& vc = *problem.verify;
-  const support::Allocation slot_buffer("decode_cache_indices", 4);
-  const support::Allocation out_buffer(
-      "decode_out", static_cast<std::size_t>(s.HV * s.V * element_size(s.io_dtype)));
-
-  TensorView cache_indices = TensorView::contiguous(DType::i32, {1});
-  cache_indices.address = slot_buffer.address();
-  cache_indices.storage_size = Elements{1};
-  TensorView out = TensorView::contiguous(s.io_dtype, {1, s.HV, s.V});
-  out.address = out_buffer.address();
-  out.storage_size = Elements{s.HV * s.V};
-
   DecodeTrace trace;
-  trace.out.resize(s.seq_lens.size());
-  trace.state.resize(s.seq_lens.size());
-  std::int64_t first_token = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    const std::int64_t slot = s.slots[n];
-    for (std::int64_t t = 0; slot >= 0 && t < s.seq_lens[n]; ++t) {
-      const std::int64_t token = first_token + t;
-      auto row = [&](const OptionalView& v) -> OptionalView {
-        return v ? OptionalView(support::slice_rows(*v, token, 1)) : std::nullopt;
-      };
-      DecodeCall dc;
-      dc.device = vc.device;
-      dc.q = row(vc.q);
-      dc.k = row(vc.k);
-      dc.v = row(vc.v);
-      dc.a = row(vc.a);
-      dc.g = row(vc.g);
-      dc.b = row(vc.b);
-      dc.beta = row(vc.beta);
-      dc.A_log = vc.A_log;
-      dc.dt_bias = vc.dt_bias;
-      dc.state = vc.state;
-      const auto slot32 = static_cast<std::int32_t>(slot);
-      std::memcpy(slot_buffer.data(), &slot32, 4);
-      dc.cache_indices = cache_indices;
-      dc.cache_indices->values = std::vector<std::int64_t>{slot};
-      dc.out = out;
-      dc.scalars = vc.scalars;
-      dc.scalars.draft_token_num.reset();
-      const Status status = reference::decode(dc);
-      RC_ASSERT(status.ok());
-      trace.out[n].push_back(support::read_floats(out));
-      trace.state[n].push_back(support::read_slot(*vc.state, slot));
-    }
-    first_token += s.seq_lens[n];
-  }
+  const Status status = support::decode_each_token(problem, trace);
+  RC_ASSERT(status.ok());
   return trace;
-}
-
-std::int64_t scratch_slot(const ProblemSpec& s, std::size_t n, std::int64_t t) {
-  return s.scratch_indices ? (*s.scratch_indices)[n * s.draft_tokens + t]
-                           : static_cast<std::int64_t>(n) * s.scratch_steps + t;
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, VerifyEqualsSingleTokenDecodes, ()) {

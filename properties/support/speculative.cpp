@@ -1,0 +1,66 @@
+#include "speculative.h"
+
+#include <cstring>
+#include <optional>
+
+#include "kdaguard/reference.h"
+
+namespace kdaguard::support {
+
+Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
+  const ProblemSpec& s = problem.spec;
+  const VerifyCall& vc = *problem.verify;
+  const Allocation slot_buffer("decode_cache_indices", 4);
+  const Allocation out_buffer("decode_out", static_cast<std::size_t>(s.HV * s.V * element_size(s.io_dtype)));
+
+  TensorView cache_indices = TensorView::contiguous(DType::i32, {1});
+  cache_indices.address = slot_buffer.address();
+  cache_indices.storage_size = Elements{1};
+  TensorView out = TensorView::contiguous(s.io_dtype, {1, s.HV, s.V});
+  out.address = out_buffer.address();
+  out.storage_size = Elements{s.HV * s.V};
+
+  trace.out.assign(s.seq_lens.size(), {});
+  trace.state.assign(s.seq_lens.size(), {});
+  std::int64_t first_token = 0;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    const std::int64_t slot = s.slots[n];
+    for (std::int64_t t = 0; slot >= 0 && t < s.seq_lens[n]; ++t) {
+      const std::int64_t token = first_token + t;
+      auto row = [&](const OptionalView& v) -> OptionalView {
+        return v ? OptionalView(slice_rows(*v, token, 1)) : std::nullopt;
+      };
+      DecodeCall dc;
+      dc.device = vc.device;
+      dc.q = row(vc.q);
+      dc.k = row(vc.k);
+      dc.v = row(vc.v);
+      dc.a = row(vc.a);
+      dc.g = row(vc.g);
+      dc.b = row(vc.b);
+      dc.beta = row(vc.beta);
+      dc.A_log = vc.A_log;
+      dc.dt_bias = vc.dt_bias;
+      dc.state = vc.state;
+      const auto slot32 = static_cast<std::int32_t>(slot);
+      std::memcpy(slot_buffer.data(), &slot32, 4);
+      dc.cache_indices = cache_indices;
+      dc.cache_indices->values = std::vector<std::int64_t>{slot};
+      dc.out = out;
+      dc.scalars = vc.scalars;
+      dc.scalars.draft_token_num.reset();
+      if (Status status = reference::decode(dc); !status.ok()) return status;
+      trace.out[n].push_back(read_floats(out));
+      trace.state[n].push_back(read_slot(*vc.state, slot));
+    }
+    first_token += s.seq_lens[n];
+  }
+  return Status::success();
+}
+
+std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t) {
+  return spec.scratch_indices ? (*spec.scratch_indices)[n * spec.draft_tokens + t]
+                              : static_cast<std::int64_t>(n) * spec.scratch_steps + t;
+}
+
+}  // namespace kdaguard::support

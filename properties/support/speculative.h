@@ -1,0 +1,27 @@
+// The speculative-decoding oracle shared by the reference properties and fuzz_reference: a verify
+// problem's draft tokens decoded one call per token, so verify and commit can be compared with
+// what plain decodes produce.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kdaguard/status.h"
+#include "problem.h"
+
+namespace kdaguard::support {
+
+// Per active row, per step: the output [HV, V] and the state after the step [HV, V, K].
+struct DecodeTrace {
+  std::vector<std::vector<std::vector<double>>> out, state;
+};
+
+// Decodes every token of every active row of a verify or commit problem with the reference, one
+// decode call per token, on the problem's committed pool in place (callers restore it afterwards).
+// A refused decode stops the walk and is returned; `trace` then holds the steps before it.
+Status decode_each_token(HostProblem& problem, DecodeTrace& trace);
+
+// The scratch slot that step t of row n writes: the explicit scratch_indices, or the identity map.
+std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t);
+
+}  // namespace kdaguard::support
