@@ -183,6 +183,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The transpose of an 8x8 b16 matrix held in the fragment layout above (lane 4 g + q holds row g,
+// columns 2q and 2q + 1), returned in the same layout.
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // ---- asynchronous global -> shared copies ----------------------------------------------------
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -194,6 +202,10 @@ __device__ __forceinline__ void cp_async_commit() {
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending> __device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace kdaguard::gpu::prefill

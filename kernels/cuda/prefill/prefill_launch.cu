@@ -1,6 +1,9 @@
 // Dispatch of a prefill to the kernels of its (K, V) shape.
 #include "prefill_launch.h"
 
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace kdaguard::gpu::detail {
@@ -20,6 +23,34 @@ std::string prefill_unsupported_reason(const PrefillParams& p) {
   if (p.cu_seqlens_dtype != DType::i32 && p.cu_seqlens_dtype != DType::i64)
     return "cu_seqlens must be i32 or i64";
   return {};
+}
+
+cudaError_t prefill_workspace_pool(cudaMemPool_t* pool) {
+  static std::mutex mutex;
+  static std::map<int, cudaMemPool_t> pools;  // by device ordinal; never destroyed
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = pools.find(device); it != pools.end()) {
+    *pool = it->second;
+    return cudaSuccess;
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t created = nullptr;
+  if (cudaError_t e = cudaMemPoolCreate(&created, &props); e != cudaSuccess) return e;
+  std::uint64_t keep_all = UINT64_MAX;
+  if (cudaError_t e = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep_all);
+      e != cudaSuccess) {
+    cudaMemPoolDestroy(created);
+    return e;
+  }
+  pools.emplace(device, created);
+  *pool = created;
+  return cudaSuccess;
 }
 
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream) {

@@ -1,11 +1,19 @@
 // Host-side launcher of the prefill kernels, called by the prefill entry point once a call is
 // validated and lowered. Internal to kdaguard::kernels: not installed.
 //
-// bf16 and f16 inputs run the chunked tensor-core kernel (prefill_chunked.cuh); f32 inputs run
-// the per-token f32 kernel (prefill_recurrent.cuh). Both read the initial state from slot
-// state_indices[n], write the final state back in place, never write q, k, v, gates or beta, and
-// skip (and report through guard.error_word) any sequence whose offsets or slot break a value
-// rule, or that guard.row_flags marks.
+// bf16 and f16 inputs run the chunked prefill on the tensor cores in two kernels: the
+// chunk-parallel prepare kernel (prefill_prepare.cuh) writes every chunk's state-independent
+// operands to a workspace, the chain kernel (prefill_chain.cuh) walks each sequence's chunks with
+// the state in registers. f32 inputs run the per-token f32 kernel (prefill_recurrent.cuh). All
+// read the initial state from slot state_indices[n], write the final state back in place, never
+// write q, k, v, gates or beta, and skip (and report through guard.error_word) any sequence whose
+// offsets or slot break a value rule, or that guard.row_flags marks.
+//
+// The workspace (about 21 KB per chunk of 16 tokens and value head at K = V = 128, i.e. about
+// 1.3 KB per token-head, the size of q, k, v, g and out together) is taken per call, stream
+// ordered, from a memory pool of the library's own per device, and given back on the same stream
+// after the chain kernel: nothing of one call's shape outlives it. The pool keeps the memory it
+// has handed out for reuse (release threshold: unlimited), so repeated calls map nothing new.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +30,8 @@ namespace kdaguard::gpu::detail {
 std::string prefill_unsupported_reason(const PrefillParams& p);
 
 // Returns the launch's cudaError_t (cudaSuccess when there was nothing to do, or
-// cudaErrorInvalidValue for params prefill_unsupported_reason refuses); never synchronises.
+// cudaErrorInvalidValue for params prefill_unsupported_reason refuses, or the workspace
+// allocation's error); never synchronises.
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
@@ -31,6 +40,9 @@ cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_
 cudaError_t launch_prefill_guard(const PrefillParams& p, const GuardExtras& extras,
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream);
+
+// The library's workspace pool on the current device, created on first use.
+cudaError_t prefill_workspace_pool(cudaMemPool_t* pool);
 
 // The kernels of one (K, V) shape; one translation unit instantiates each.
 template <int K, int V>

@@ -3,11 +3,16 @@
 
 #include <cstdint>
 
-#include "prefill_chunked.cuh"
+#include "prefill_chain.cuh"
 #include "prefill_launch.h"
+#include "prefill_prepare.cuh"
 #include "prefill_recurrent.cuh"
 
 namespace kdaguard::gpu::detail {
+
+// Warps per chain block (16 state rows each): 4 reads each chunk's W, Qg and Kd twice per
+// (sequence, head) for V = 128 and still gives B * HV * 2 blocks.
+inline constexpr int kChainWarps = 4;
 
 template <int K, int V>
 cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
@@ -20,15 +25,39 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
         <<<static_cast<unsigned>(blocks), prefill::kRecurrentThreads, 0, stream>>>(p, guard);
     return cudaGetLastError();
   }
-  if (heads > INT32_MAX) return cudaErrorInvalidConfiguration;
-  constexpr int kSmem = static_cast<int>(sizeof(prefill::ChunkShared<K, V>));
-  auto* kernel = p.in.io_dtype == DType::bf16 ? prefill::prefill_chunked_kernel<__nv_bfloat16, K, V>
-                                              : prefill::prefill_chunked_kernel<__half, K, V>;
-  // Set on every launch: the attribute is per device, and the current device may change.
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(heads), prefill::kChunkThreads, kSmem, stream>>>(p, guard);
-  return cudaGetLastError();
+
+  using Ops = prefill::ChunkOperands<K, V>;
+  const std::int64_t prepare_blocks = prefill::workspace_slots(p.total_tokens, p.num_seqs) * p.in.HV;
+  constexpr int kSlices = V / (16 * kChainWarps);
+  const std::int64_t chain_blocks = heads * kSlices;
+  if (prepare_blocks > INT32_MAX || chain_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t e = prefill_workspace_pool(&pool); e != cudaSuccess) return e;
+  void* workspace = nullptr;
+  if (cudaError_t e = cudaMallocFromPoolAsync(&workspace, prepare_blocks * Ops::kBytes, pool, stream);
+      e != cudaSuccess)
+    return e;
+
+  auto* prepare = p.in.io_dtype == DType::bf16 ? prefill::prefill_prepare_kernel<__nv_bfloat16, K, V>
+                                               : prefill::prefill_prepare_kernel<__half, K, V>;
+  prepare<<<static_cast<unsigned>(prepare_blocks), prefill::kPrepareThreads, 0, stream>>>(
+      p, guard, static_cast<unsigned char*>(workspace));
+  cudaError_t launched = cudaGetLastError();
+  if (launched == cudaSuccess) {
+    constexpr int kSmem = static_cast<int>(sizeof(prefill::ChainShared<K, V, kChainWarps>));
+    auto* chain = prefill::prefill_chain_kernel<K, V, kChainWarps>;
+    // Set on every launch: the attribute is per device, and the current device may change.
+    launched = cudaFuncSetAttribute(chain, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (launched == cudaSuccess) {
+      chain<<<static_cast<unsigned>(chain_blocks), 32 * kChainWarps, kSmem, stream>>>(
+          p, guard, static_cast<const unsigned char*>(workspace));
+      launched = cudaGetLastError();
+    }
+  }
+  // Stream-ordered: the memory returns to the pool once the chain kernel has finished.
+  const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  return launched != cudaSuccess ? launched : freed;
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -3,7 +3,10 @@
 // output element must be written, memory the prefill may not write (v, the other inputs,
 // untouched pool slots, padding) must be bit-identical, and out and the final states must match
 // the per-token f64 recurrence within rms(err)/rms(ref) <= 5e-3 for 16-bit inputs (f32 inputs:
-// 1e-5; a bf16 state: 1e-2). Skipped where no sm_90 device is present.
+// 1e-5; a bf16 state: 1e-2). Every call goes through the public entry point gpu::prefill with a
+// device guard (the guard kernel runs whenever the call's index values are device-only); the
+// kernels' own re-checks without a guard are tested apart. Skipped where no sm_90 device is
+// present.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -19,6 +22,7 @@
 #include "gen_problem.h"
 #include "kdaguard/contracts/validate.h"
 #include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/kda.h"
 #include "kdaguard/lower.h"
 #include "kdaguard/reference.h"
 #include "prefill_launch.h"
@@ -100,6 +104,33 @@ class DeviceWord {
   unsigned long long* word_ = nullptr;
 };
 
+// An error word and one row flag per sequence: the DeviceGuard of a prefill call.
+class DeviceGuardBuffers {
+ public:
+  explicit DeviceGuardBuffers(std::int64_t rows) : rows_(std::max<std::int64_t>(rows, 1)) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags_), rows_ * sizeof(std::int32_t)));
+    CUDA_OK(cudaMemset(flags_, 0, rows_ * sizeof(std::int32_t)));
+  }
+  ~DeviceGuardBuffers() { cudaFree(flags_); }
+  DeviceGuardBuffers(const DeviceGuardBuffers&) = delete;
+  DeviceGuardBuffers& operator=(const DeviceGuardBuffers&) = delete;
+  gpu::LaunchOptions options() const {
+    gpu::LaunchOptions o;
+    o.guard = {error_word.get(), flags_, rows_};
+    return o;
+  }
+  std::vector<std::int32_t> flags() const {
+    std::vector<std::int32_t> f(static_cast<std::size_t>(rows_));
+    CUDA_OK(cudaMemcpy(f.data(), flags_, f.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    return f;
+  }
+  DeviceWord error_word;
+
+ private:
+  std::int64_t rows_;
+  std::int32_t* flags_ = nullptr;
+};
+
 struct Tolerance {
   double out, state;
 };
@@ -143,16 +174,13 @@ Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed) {
   DeviceCopy device(hp);
   const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
   const PrefillCall& call = std::get<PrefillCall>(on_device);
-  const Verdict verdict = validate(call);
-  if (!verdict.accepted()) {
-    j.failure = "the generated call is invalid: " + describe(verdict);
+  DeviceGuardBuffers guard(static_cast<std::int64_t>(spec.seq_lens.size()));
+  if (const Status status = gpu::prefill(call, guard.options()); !status.ok()) {
+    j.failure = "gpu::prefill did not run a generated (valid) call: " + to_string(status);
     return j;
   }
-  DeviceWord error_word;
-  const PrefillParams params = lower(call);
-  CUDA_OK(gpu::detail::launch_prefill(params, {error_word.get(), nullptr}, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
-  if (const std::uint64_t bits = error_word.read(); bits != 0) {
+  if (const std::uint64_t bits = guard.error_word.read(); bits != 0) {
     j.failure = fmt::format("error word {:#x} on a valid call", bits);
     return j;
   }
@@ -308,69 +336,67 @@ TEST(PrefillGpu, RandomCallsMatchReference) {
   EXPECT_TRUE(ok);
 }
 
-// A slot index the host never saw, out of range on the device: that sequence is skipped and
-// reported, the others run; duplicate slots: the guard flags both sequences and they are skipped.
+// Index values the host never saw: through gpu::prefill the guard kernel flags a sequence whose
+// slot is out of range, or two that share a slot; flagged sequences are skipped and the rule
+// reported, the others run. Without the guard kernel the main kernels' own checks must still
+// skip and report an out-of-range slot.
 TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
   REQUIRE_SM90();
-  ProblemSpec s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, DType::bf16, DType::f32, GateKind::bounded);
-  s.host_values = false;
-  s.pool_slots = 6;
-  s.slots = {4, 1, 2};
-  HostProblem hp = support::materialize(s, 400);
-  hp.poison_outputs();
-  DeviceCopy device(hp);
-  const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
-  const PrefillParams params = lower(std::get<PrefillCall>(on_device));
-  const auto index_buffer = [&] {
-    for (std::size_t i = 0; i < hp.allocations.size(); ++i)
-      if (hp.allocations[i].name() == "initial_state_indices") return device.buffer(i);
-    throw std::runtime_error("no initial_state_indices buffer");
-  }();
-  const auto pool_bytes_of = [&](const HostProblem& p, std::int64_t slot) {
-    return support::read_slot(*std::get<PrefillCall>(p.call).initial_state, slot);
-  };
-
-  // Out of range: sequence 1 names slot 9 of 6.
-  {
-    const std::int32_t bad[3] = {4, 9, 2};
-    CUDA_OK(cudaMemcpy(index_buffer, bad, sizeof bad, cudaMemcpyHostToDevice));
-    DeviceWord error_word;
-    CUDA_OK(gpu::detail::launch_prefill(params, {error_word.get(), nullptr}, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_EQ(error_word.read(), value_checks::rule_bit(RuleId::index_range));
-    HostProblem after = support::materialize(s, 400);
-    device.download(after);
-    for (std::int64_t slot : {0, 1, 3, 5})
-      EXPECT_EQ(pool_bytes_of(after, slot), pool_bytes_of(hp, slot)) << "slot " << slot;
-    EXPECT_NE(pool_bytes_of(after, 4), pool_bytes_of(hp, 4)) << "sequence 0 ran";
-  }
-  // Duplicates: sequences 0 and 2 both name slot 3; the guard flags them, only sequence 1 runs.
-  {
-    DeviceCopy fresh(hp);
-    const AnyCall again = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, fresh.bases());
-    const PrefillParams p2 = lower(std::get<PrefillCall>(again));
-    void* indices = nullptr;
-    for (std::size_t i = 0; i < hp.allocations.size(); ++i)
-      if (hp.allocations[i].name() == "initial_state_indices") indices = fresh.buffer(i);
-    const std::int32_t dup[3] = {3, 1, 3};
-    CUDA_OK(cudaMemcpy(indices, dup, sizeof dup, cudaMemcpyHostToDevice));
-    DeviceWord error_word;
-    std::int32_t* row_flags = nullptr;
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&row_flags), 3 * sizeof(std::int32_t)));
-    CUDA_OK(gpu::detail::launch_prefill_guard(p2, {}, error_word.get(), row_flags, nullptr));
-    CUDA_OK(gpu::detail::launch_prefill(p2, {error_word.get(), row_flags}, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    std::int32_t flags[3] = {};
-    CUDA_OK(cudaMemcpy(flags, row_flags, sizeof flags, cudaMemcpyDeviceToHost));
-    cudaFree(row_flags);
-    EXPECT_EQ(error_word.read(), value_checks::rule_bit(RuleId::index_unique));
-    EXPECT_EQ(flags[0], 1);
-    EXPECT_EQ(flags[1], 0);
-    EXPECT_EQ(flags[2], 1);
-    HostProblem after = support::materialize(s, 400);
-    fresh.download(after);
-    EXPECT_EQ(pool_bytes_of(after, 3), pool_bytes_of(hp, 3)) << "flagged sequences ran";
-    EXPECT_NE(pool_bytes_of(after, 1), pool_bytes_of(hp, 1)) << "sequence 1 did not run";
+  for (DType io : {DType::bf16, DType::f32}) {
+    ProblemSpec s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, io, DType::f32, GateKind::bounded);
+    s.host_values = false;
+    s.pool_slots = 6;
+    s.slots = {4, 1, 2};
+    HostProblem hp = support::materialize(s, 400);
+    hp.poison_outputs();
+    const auto pool_of = [&](const HostProblem& p, std::int64_t slot) {
+      return support::read_slot(*std::get<PrefillCall>(p.call).initial_state, slot);
+    };
+    // Runs the call with index values `indices` on fresh device buffers: through gpu::prefill
+    // (guard kernel included) or, with `guard_kernel` false, the launcher alone.
+    const auto run = [&](const std::int32_t (&indices)[3], bool guard_kernel, std::uint64_t& bits,
+                         std::vector<std::int32_t>& flags) {
+      DeviceCopy device(hp);
+      for (std::size_t i = 0; i < hp.allocations.size(); ++i)
+        if (hp.allocations[i].name() == "initial_state_indices")
+          CUDA_OK(cudaMemcpy(device.buffer(i), indices, sizeof indices, cudaMemcpyHostToDevice));
+      const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
+      const PrefillCall& call = std::get<PrefillCall>(on_device);
+      DeviceGuardBuffers guard(3);
+      if (guard_kernel) {
+        const Status status = gpu::prefill(call, guard.options());
+        EXPECT_TRUE(status.ok()) << to_string(status);
+      } else {
+        CUDA_OK(gpu::detail::launch_prefill(lower(call), {guard.error_word.get(), nullptr}, nullptr));
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      bits = guard.error_word.read();
+      flags = guard.flags();
+      HostProblem after = support::materialize(s, 400);
+      device.download(after);
+      return after;
+    };
+    std::uint64_t bits = 0;
+    std::vector<std::int32_t> flags;
+    // Out of range: sequence 1 names slot 9 of 6.
+    for (bool guard_kernel : {true, false}) {
+      SCOPED_TRACE(fmt::format("io {} guard kernel {}", static_cast<int>(io), guard_kernel));
+      const HostProblem after = run({4, 9, 2}, guard_kernel, bits, flags);
+      EXPECT_EQ(bits, value_checks::rule_bit(RuleId::index_range));
+      if (guard_kernel) EXPECT_EQ(flags, (std::vector<std::int32_t>{0, 1, 0}));
+      for (std::int64_t slot : {0, 1, 3, 5}) EXPECT_EQ(pool_of(after, slot), pool_of(hp, slot)) << "slot " << slot;
+      EXPECT_NE(pool_of(after, 4), pool_of(hp, 4)) << "sequence 0 did not run";
+      EXPECT_NE(pool_of(after, 2), pool_of(hp, 2)) << "sequence 2 did not run";
+    }
+    // Duplicates: sequences 0 and 2 both name slot 3; the guard flags both, only sequence 1 runs.
+    {
+      SCOPED_TRACE(fmt::format("io {} duplicates", static_cast<int>(io)));
+      const HostProblem after = run({3, 1, 3}, true, bits, flags);
+      EXPECT_EQ(bits, value_checks::rule_bit(RuleId::index_unique));
+      EXPECT_EQ(flags, (std::vector<std::int32_t>{1, 0, 1}));
+      EXPECT_EQ(pool_of(after, 3), pool_of(hp, 3)) << "flagged sequences ran";
+      EXPECT_NE(pool_of(after, 1), pool_of(hp, 1)) << "sequence 1 did not run";
+    }
   }
 }
 
