@@ -3,7 +3,10 @@
 # coverage merged back into the checked-in seed corpora (corpus/<target>; commit them).
 #
 #   scripts/fuzz_continuous.sh [TARGET ...]        (default: every fuzz/fuzz_*.cpp target)
-#     FUZZ_BUILD    the fuzz-preset build dir (default build-fuzz; built here if needed)
+#     FUZZ_PRESET   fuzz (ASan + UBSan, the default) or fuzz-fast (no sanitizers, about 4x the
+#                   executions; the targets' own invariants are still checked): run both for long
+#                   campaigns, since only the sanitizer build sees undefined behaviour
+#     FUZZ_BUILD    the preset's build dir (default build-fuzz or build-fuzz-fast; built here if needed)
 #     FUZZ_SECONDS  seconds per target and round (default 3600)
 #     FUZZ_ROUNDS   rounds over the targets; 0 = until interrupted (default 1)
 #     FUZZ_JOBS     worker processes (default: all cores)
@@ -13,7 +16,12 @@
 # Crashes do not stop the run (-ignore_crashes); they are listed at the end of each turn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${FUZZ_BUILD:-build-fuzz}
+preset=${FUZZ_PRESET:-fuzz}
+case "$preset" in
+  fuzz) build=${FUZZ_BUILD:-build-fuzz} ;;
+  fuzz-fast) build=${FUZZ_BUILD:-build-fuzz-fast} ;;
+  *) echo "fuzz_continuous: FUZZ_PRESET must be fuzz or fuzz-fast, not '$preset'" >&2; exit 2 ;;
+esac
 seconds=${FUZZ_SECONDS:-3600}
 rounds=${FUZZ_ROUNDS:-1}
 jobs=${FUZZ_JOBS:-$(nproc)}
@@ -23,7 +31,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   for src in fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
 fi
 
-[ -d "$build" ] || cmake --preset fuzz
+[ -d "$build" ] || cmake --preset "$preset"
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 
 merge_back() {
