@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "prefill_device.cuh"
@@ -43,32 +44,56 @@ template <int K, int V, int kWarps> struct ChainShared {
   ChainStage<K, V, kWarps> stage[kChainStages];
 };
 
-// Issues the copies of one chunk's operands (the block's U columns only) into a stage.
-template <int K, int V, int kWarps>
-__device__ __forceinline__ void fetch_operands(const unsigned char* ops, int row0,
-                                               ChainStage<K, V, kWarps>& st) {
+// The copies of one chunk's operands (the block's U columns only) into a stage. Each thread's
+// share is fixed: the same rows and segments of every chunk, so the addresses are computed once
+// and a chunk's copies differ only by the chunk's and the stage's base.
+template <int K, int V, int kWarps> struct OperandFetch {
   using Ops = ChunkOperands<K, V>;
   using Stage = ChainStage<K, V, kWarps>;
-  constexpr int kThreads = 32 * kWarps;
-  const int tid = threadIdx.x;
-  constexpr int kSegK = K * 2 / 16;  // 16-byte segments per bf16 row of K
-  for (int i = tid; i < 3 * kChunk * kSegK; i += kThreads) {
-    const int part = i / (kChunk * kSegK), r = (i / kSegK) % kChunk, seg = i % kSegK;
-    __nv_bfloat16(*tile)[Stage::kLdK] = part == 0 ? st.Wneg : part == 1 ? st.Qg : st.Kd;
-    const int from = part == 0 ? Ops::kWneg : part == 1 ? Ops::kQg : Ops::kKd;
-    cp_async_16(&tile[r][seg * 8], ops + from + r * K * 2 + seg * 16);
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSegK = K * 2 / 16;                // 16-byte segments per bf16 row of K
+  static constexpr int kRowsPerPassK = kThreads / kSegK;  // tile rows one pass of the block covers
+  static constexpr int kSegU = Stage::kRows * 4 / 16;     // 16-byte segments per row of the block's U
+  static constexpr int kRowsPerPassU = kThreads / kSegU;
+  static_assert(kThreads % kSegK == 0 && kChunk % kRowsPerPassK == 0);
+  static_assert(kThreads % kSegU == 0 && kChunk % kRowsPerPassU == 0);
+
+  int tile_src, tile_dst, u_src, u_dst;  // byte offsets within a chunk's operands / a stage
+
+  __device__ __forceinline__ OperandFetch(int row0) {
+    const int tid = threadIdx.x;
+    const int rk = tid / kSegK, sk = tid % kSegK;
+    tile_src = rk * K * 2 + sk * 16;
+    tile_dst = rk * Stage::kLdK * 2 + sk * 16;
+    const int ru = tid / kSegU, su = tid % kSegU;
+    u_src = Ops::kU + (ru * V + row0) * 4 + su * 16;
+    u_dst = static_cast<int>(offsetof(Stage, U)) + ru * Stage::kRows * 4 + su * 16;
   }
-  constexpr int kSegU = Stage::kRows * 4 / 16;
-  for (int i = tid; i < kChunk * kSegU; i += kThreads) {
-    const int r = i / kSegU, seg = i % kSegU;
-    cp_async_16(&st.U[r][seg * 4], ops + Ops::kU + (r * V + row0) * 4 + seg * 16);
+
+  __device__ __forceinline__ void issue(const unsigned char* ops, Stage& st) const {
+    unsigned char* stage = reinterpret_cast<unsigned char*>(&st);
+    constexpr int kTileSrc[3] = {Ops::kWneg, Ops::kQg, Ops::kKd};
+    constexpr int kTileDst[3] = {static_cast<int>(offsetof(Stage, Wneg)), static_cast<int>(offsetof(Stage, Qg)),
+                                 static_cast<int>(offsetof(Stage, Kd))};
+#pragma unroll
+    for (int t = 0; t < 3; ++t)
+#pragma unroll
+      for (int pass = 0; pass < kChunk / kRowsPerPassK; ++pass)
+        cp_async_16(stage + kTileDst[t] + pass * kRowsPerPassK * Stage::kLdK * 2 + tile_dst,
+                    ops + kTileSrc[t] + pass * kRowsPerPassK * K * 2 + tile_src);
+#pragma unroll
+    for (int pass = 0; pass < kChunk / kRowsPerPassU; ++pass)
+      cp_async_16(stage + u_dst + pass * kRowsPerPassU * Stage::kRows * 4,
+                  ops + u_src + pass * kRowsPerPassU * V * 4);
+    const int tid = threadIdx.x;
+    if (tid < 2 * kChunk) {  // A: 16 rows of two segments
+      cp_async_16(&st.A[tid / 2][(tid % 2) * 8], ops + Ops::kA + tid * 16);
+    } else if (tid < 2 * kChunk + K / 4) {  // e^(G_C)
+      const int i = tid - 2 * kChunk;
+      cp_async_16(&st.decay[4 * i], ops + Ops::kDecay + i * 16);
+    }
   }
-  if (tid < 2 * kChunk) {
-    const int r = tid / 2, seg = tid % 2;
-    cp_async_16(&st.A[r][seg * 8], ops + Ops::kA + r * kChunk * 2 + seg * 16);
-  }
-  for (int i = tid; i < K / 4; i += kThreads) cp_async_16(&st.decay[4 * i], ops + Ops::kDecay + i * 16);
-}
+};
 
 template <int K, int V, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps)
@@ -97,9 +122,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   const unsigned char* ops0 =
       workspace + (workspace_slot(seq.begin, n, 0) * p.in.HV + hv) * Ops::kBytes;
 
+  const OperandFetch<K, V, kWarps> fetch(row0);
 #pragma unroll
   for (int st = 0; st < kChainStages - 1; ++st) {
-    if (st < num_chunks) fetch_operands<K, V, kWarps>(ops0 + st * chunk_stride, row0, sm.stage[st]);
+    if (st < num_chunks) fetch.issue(ops0 + st * chunk_stride, sm.stage[st]);
     cp_async_commit();  // one group per chunk, empty past the end, so the counts stay uniform
   }
 
@@ -137,8 +163,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     cp_async_wait_pending<kChainStages - 2>();
     __syncthreads();  // chunk c's stage landed for every thread; chunk c - 1's stage is consumed
     if (c + kChainStages - 1 < num_chunks)
-      fetch_operands<K, V, kWarps>(ops0 + (c + kChainStages - 1) * chunk_stride, row0,
-                                   sm.stage[(c + kChainStages - 1) % kChainStages]);
+      fetch.issue(ops0 + (c + kChainStages - 1) * chunk_stride,
+                  sm.stage[(c + kChainStages - 1) % kChainStages]);
     cp_async_commit();
     const Stage& st = sm.stage[c % kChainStages];
     const int rows = static_cast<int>(seq.length - static_cast<std::int64_t>(c) * kChunk < kChunk
@@ -213,18 +239,29 @@ __global__ void __launch_bounds__(32 * kWarps)
       mma_bf16(out[0], a, vt[0][0], vt[0][1]);
       mma_bf16(out[1], a, vt[1][0], vt[1][1]);
     }
-    const std::int64_t first = seq.begin + static_cast<std::int64_t>(c) * kChunk;
+    std::uint16_t* out_rows = out_base + (seq.begin + static_cast<std::int64_t>(c) * kChunk + group) *
+                                             p.out.token_stride + v0 + 2 * quad;
+    std::uint32_t packed[2][2];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = v0 + nt * 8 + 2 * quad;
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = group + 8 * half;
-        if (r < rows) {
-          const float lo = out[nt][2 * half], hi = out[nt][2 * half + 1];
-          *reinterpret_cast<std::uint32_t*>(out_base + (first + r) * p.out.token_stride + col) =
-              out_bf16 ? IoBits<__nv_bfloat16>::pack(lo, hi) : IoBits<__half>::pack(lo, hi);
-        }
+        const float lo = out[nt][2 * half], hi = out[nt][2 * half + 1];
+        packed[nt][half] = out_bf16 ? IoBits<__nv_bfloat16>::pack(lo, hi) : IoBits<__half>::pack(lo, hi);
+      }
+    const std::int64_t half_stride = 8 * p.out.token_stride;
+    if (rows == kChunk) {  // warp-uniform: every chunk but a sequence's last
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
+        *reinterpret_cast<std::uint32_t*>(out_rows + half_stride + nt * 8) = packed[nt][1];
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        if (group < rows) *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
+        if (group + 8 < rows)
+          *reinterpret_cast<std::uint32_t*>(out_rows + half_stride + nt * 8) = packed[nt][1];
       }
     }
   }

@@ -2,13 +2,12 @@
 // inputs: everything of a chunk step that does not depend on the state, for every (chunk, value
 // head) of the call at once. One block of 128 threads per (workspace slot, value head); a slot
 // that holds no chunk (see prefill_workspace.cuh) exits at once. Per chunk:
-//   stage    cp.async brings the raw q and k rows to shared memory (rows past the sequence's
-//            end are zero); each key-channel thread loads its gate column and each value-channel
-//            thread its v column straight into registers;
-//   norms    row L2 norms of q and k, beta;
-//   gates    gate activation and the in-chunk cumulative gate G (log2 units) per key channel,
-//            then the tiles: e^G q and e^(G_C - G) k (to the workspace), beta e^G k (registers)
-//            and the pivot-factorised tiles of L and A (shared memory);
+//   stage    cp.async brings the raw q, k, v and gate rows to shared memory (zero past the
+//            sequence's end), so no load below needs a per-row bound;
+//   gates    gate activation and the in-chunk cumulative gate G (log2 units) per key channel
+//            (one thread each), beta v per value channel, the row L2 norms of q and k;
+//   tiles    e^G q and e^(G_C - G) k (to the workspace), beta e^G k (registers) and the
+//            pivot-factorised tiles of L and A (shared memory);
 //   L, A     L = beta_i k_i.k_j e^(G_i - G_j) (i > j), A = q_i.k_j e^(G_i - G_j) (i >= j) on the
 //            tensor cores as (k_i 2^(G_i - G_p)) . (k_j 2^(G_p - G_j)) around the pivot row
 //            p = 7 when every |G_i - G_p| of the chunk is within kSpanLimit (decided per chunk
@@ -16,10 +15,14 @@
 //            which is exact for any gate however negative (g = -1000 per token included);
 //   W, U     W = (I + L)^-1 diag(beta) e^G K and U = (I + L)^-1 diag(beta) V by forward
 //            substitution in f32, one key column and one value column per thread.
+// The kernel is throughput bound (tens of thousands of blocks): what counts is instructions per
+// chunk, so every per-row bound check is gone from the loops and the substitution is written
+// column by column (15 dependent FMAs rather than 120).
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "prefill_device.cuh"
@@ -35,16 +38,22 @@ inline constexpr int kPrepareWarps = kPrepareThreads / 32;
 inline constexpr float kSpanLimit = 90.f;
 inline constexpr int kPivotRow = 7;
 
-template <int K> struct PrepareShared {
-  static_assert(K == 64 || K == 128);
+template <int K, int V> struct PrepareShared {
+  static_assert((K == 64 || K == 128) && (V == 64 || V == 128));
   static constexpr int kLdK = K + 8;  // bf16 tile row stride: rows 16 bytes apart in the banks
   alignas(16) std::uint16_t q[kChunk][K];  // raw 16-bit rows
   alignas(16) std::uint16_t k[kChunk][K];
+  alignas(16) std::uint16_t v[kChunk][V];
   alignas(16) __nv_bfloat16 Qp[kChunk][kLdK];  // q 2^(G - G_p)
   alignas(16) __nv_bfloat16 Kp[kChunk][kLdK];  // k 2^(G - G_p)
   alignas(16) __nv_bfloat16 Kn[kChunk][kLdK];  // k 2^(G_p - G)
-  alignas(16) float G[kChunk][K];              // cumulative gate, log2 units (per-pair path)
-  alignas(16) float L[kChunk][kChunk];
+  // The raw gate rows (16- or 32-bit) until the gates are formed; then the cumulative gate in
+  // log2 units, for the per-pair path.
+  union {
+    std::uint32_t gate_raw[kChunk][K];
+    float G[kChunk][K];
+  };  // 16-byte aligned: everything before it is whole 16-byte rows (asserted in the kernel)
+  alignas(16) float Lt[kChunk][kChunk];       // L transposed: Lt[j][i] = L[i][j]
   float q_scale[kChunk];  // L2 norm (optional) and scale
   float k_scale[kChunk];
   float beta[kChunk];
@@ -74,7 +83,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
   static_assert(K <= kPrepareThreads && V <= kPrepareThreads);
   using Ops = ChunkOperands<K, V>;
   using Io = IoBits<IO>;
-  __shared__ PrepareShared<K> sm;
+  using Shared = PrepareShared<K, V>;
+  __shared__ Shared sm;
+  static_assert(offsetof(Shared, gate_raw) % 16 == 0);
 
   const std::int64_t s = blockIdx.x / p.in.HV;
   const int hv = static_cast<int>(blockIdx.x % p.in.HV);
@@ -91,24 +102,34 @@ __global__ void __launch_bounds__(kPrepareThreads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;
 
-  // ---- stage: q and k rows to shared memory ----
+  // ---- stage: q, k, v and raw gate rows to shared memory (q, k, v zero past the end) ----
   {
-    constexpr int kSeg = K * 2 / 16;  // 16-byte segments per row
-    const char* q_base = static_cast<const char*>(p.in.q.data);
-    const char* k_base = static_cast<const char*>(p.in.k.data);
-    for (int i = tid; i < kChunk * kSeg; i += kPrepareThreads) {
-      const int r = i / kSeg, seg = i % kSeg;
-      void* dq = &sm.q[r][seg * 8];
-      void* dk = &sm.k[r][seg * 8];
-      if (r < rows) {
-        const std::int64_t t = first + r;
-        cp_async_16(dq, q_base + (t * p.in.q.token_stride + h * p.in.q.head_stride) * 2 + seg * 16);
-        cp_async_16(dk, k_base + (t * p.in.k.token_stride + h * p.in.k.head_stride) * 2 + seg * 16);
-      } else {
-        *static_cast<uint4*>(dq) = make_uint4(0, 0, 0, 0);
-        *static_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+    // Copies row_bytes of each row into rows dst_stride bytes apart.
+    const auto stage_rows = [&](void* dst_rows, int dst_stride, int row_bytes, const char* base,
+                                std::int64_t token_stride, std::int64_t head_offset, int element_bytes,
+                                bool zero_fill) {
+      const int segs = row_bytes / 16;
+      for (int i = tid; i < kChunk * segs; i += kPrepareThreads) {
+        const int r = i / segs, seg = i % segs;
+        char* dst = static_cast<char*>(dst_rows) + r * dst_stride + seg * 16;
+        if (r < rows) {
+          cp_async_16(dst, base + ((first + r) * token_stride + head_offset) * element_bytes + seg * 16);
+        } else if (zero_fill) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
       }
-    }
+    };
+    stage_rows(sm.q, K * 2, K * 2, static_cast<const char*>(p.in.q.data), p.in.q.token_stride,
+               h * p.in.q.head_stride, 2, true);
+    stage_rows(sm.k, K * 2, K * 2, static_cast<const char*>(p.in.k.data), p.in.k.token_stride,
+               h * p.in.k.head_stride, 2, true);
+    stage_rows(sm.v, V * 2, V * 2, static_cast<const char*>(p.in.v.data), p.in.v.token_stride,
+               hv * p.in.v.head_stride, 2, true);
+    // A 16-bit gate row fills the first half of its 32-bit row. Past the end the gates are
+    // forced to 0 below whatever the bytes; they are zeroed anyway, so nothing reads stale data.
+    const int gate_bytes = p.in.gate_dtype == DType::f32 ? 4 : 2;
+    stage_rows(sm.gate_raw, K * 4, K * gate_bytes, static_cast<const char*>(p.in.gate.data), p.in.gate.token_stride,
+               hv * p.in.gate.head_stride, gate_bytes, true);
     cp_async_commit();
   }
   if (tid < kChunk) {
@@ -122,15 +143,8 @@ __global__ void __launch_bounds__(kPrepareThreads)
   }
   if (tid == 0) sm.span_bits = 0;
 
-  // Value column tid (beta applied after the barrier), loaded while the copies fly.
-  float Y[kChunk] = {};
-  if (tid < V) {
-    const std::uint16_t* v = static_cast<const std::uint16_t*>(p.in.v.data) +
-                             hv * p.in.v.head_stride + tid;
-#pragma unroll
-    for (int r = 0; r < kChunk; ++r)
-      Y[r] = r < rows ? Io::to_f32(v[(first + r) * p.in.v.token_stride]) : 0.f;
-  }
+  cp_async_wait_all();
+  __syncthreads();  // q, k, v, gates and beta landed
 
   // ---- gates: key channel tid, its cumulative gate over the chunk in registers ----
   // The gate's dtype and form are dispatched outside the row loop, so its body has no branch.
@@ -141,15 +155,12 @@ __global__ void __launch_bounds__(kPrepareThreads)
     const float bias = (p.in.gate_kind != GateKind::activated && p.in.dt_bias != nullptr)
                            ? p.in.dt_bias[hv * K + ch]
                            : 0.f;
-    const std::int64_t at = first * p.in.gate.token_stride + hv * p.in.gate.head_stride + ch;
     auto gate_rows = [&](auto raw_gate, auto activate) {
-      float raw[kChunk];
-#pragma unroll
-      for (int r = 0; r < kChunk; ++r) raw[r] = r < rows ? raw_gate(at + r * p.in.gate.token_stride) : 0.f;
       float running = 0.f;
 #pragma unroll
       for (int r = 0; r < kChunk; ++r) {
-        running += r < rows ? activate(raw[r] + bias) * kLog2e : 0.f;
+        const float g = activate(raw_gate(r) + bias) * kLog2e;
+        running += r < rows ? g : 0.f;
         G[r] = running;
       }
     };
@@ -165,15 +176,17 @@ __global__ void __launch_bounds__(kPrepareThreads)
       }
     };
     if (p.in.gate_dtype == DType::f32) {
-      const float* g = static_cast<const float*>(p.in.gate.data);
-      gate_form([g](std::int64_t i) { return g[i]; });
+      gate_form([&](int r) { return __uint_as_float(sm.gate_raw[r][ch]); });
     } else {
-      const std::uint16_t* g = static_cast<const std::uint16_t*>(p.in.gate.data);
-      gate_form([g](std::int64_t i) { return Io::to_f32(g[i]); });
+      gate_form([&](int r) { return Io::to_f32(reinterpret_cast<const std::uint16_t*>(sm.gate_raw[r])[ch]); });
     }
   }
-  cp_async_wait_all();
-  __syncthreads();  // q, k, beta landed
+  // Value column tid, beta applied.
+  float Y[kChunk] = {};
+  if (tid < V) {
+#pragma unroll
+    for (int r = 0; r < kChunk; ++r) Y[r] = sm.beta[r] * Io::to_f32(sm.v[r][tid]);
+  }
 
   // ---- norms: kChunk / kPrepareWarps rows per warp ----
 #pragma unroll
@@ -194,7 +207,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
       sm.k_scale[r] = p.in.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.f;
     }
   }
-  __syncthreads();
+  __syncthreads();  // norms known; the raw gates are consumed (G reuses their memory)
 
   // ---- tiles ----
   float X[kChunk] = {};  // beta e^G k, key column ch
@@ -253,7 +266,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
     // Warps 0, 1: L columns [8 nt, 8 nt + 8); warps 2, 3: A.
     const bool is_A = warp >= 2;
     const int nt = warp % 2;
-    const __nv_bfloat16(*rows_tile)[PrepareShared<K>::kLdK] = is_A ? sm.Qp : sm.Kp;
+    const __nv_bfloat16(*rows_tile)[PrepareShared<K, V>::kLdK] = is_A ? sm.Qp : sm.Kp;
     float acc[2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks) {
@@ -270,7 +283,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
       if (is_A) {
         A_out[i * kChunk + j] = __float2bfloat16_rn(i >= j ? val : 0.f);
       } else {
-        sm.L[i][j] = i > j ? sm.beta[i] * val : 0.f;
+        sm.Lt[j][i] = i > j ? sm.beta[i] * val : 0.f;
       }
     }
   } else {
@@ -289,7 +302,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
         qk = detail::warp_sum(qk);
       }
       if (lane == 0) {
-        sm.L[i][j] = i > j ? sm.beta[i] * kk : 0.f;
+        sm.Lt[j][i] = i > j ? sm.beta[i] * kk : 0.f;
         A_out[i * kChunk + j] = __float2bfloat16_rn(i >= j ? qk : 0.f);
       }
     }
@@ -297,29 +310,24 @@ __global__ void __launch_bounds__(kPrepareThreads)
   __syncthreads();
 
   // ---- W and U by forward substitution through (I + L): two independent columns ----
-  if (tid < V) {
+  // Column by column (right-looking): once x_j is final it is taken out of every later row, so
+  // the dependent chain is 15 FMAs deep instead of the 120 of a row-by-row sum.
 #pragma unroll
-    for (int r = 0; r < kChunk; ++r) Y[r] *= sm.beta[r];
-  }
+  for (int j = 0; j < kChunk - 1; ++j) {
+    float col[kChunk];  // L[:][j], four broadcast 16-byte loads
 #pragma unroll
-  for (int i = 1; i < kChunk; ++i) {
-    float row[kChunk];  // L[i][:], four broadcast 16-byte loads
-#pragma unroll
-    for (int j4 = 0; j4 < kChunk / 4; ++j4) {
-      const float4 l4 = *reinterpret_cast<const float4*>(&sm.L[i][4 * j4]);
-      row[4 * j4] = l4.x;
-      row[4 * j4 + 1] = l4.y;
-      row[4 * j4 + 2] = l4.z;
-      row[4 * j4 + 3] = l4.w;
+    for (int i4 = 0; i4 < kChunk / 4; ++i4) {
+      const float4 l4 = *reinterpret_cast<const float4*>(&sm.Lt[j][4 * i4]);
+      col[4 * i4] = l4.x;
+      col[4 * i4 + 1] = l4.y;
+      col[4 * i4 + 2] = l4.z;
+      col[4 * i4 + 3] = l4.w;
     }
-    float x = X[i], y = Y[i];
 #pragma unroll
-    for (int j = 0; j < i; ++j) {
-      x -= row[j] * X[j];
-      y -= row[j] * Y[j];
+    for (int i = j + 1; i < kChunk; ++i) {
+      X[i] -= col[i] * X[j];
+      Y[i] -= col[i] * Y[j];
     }
-    X[i] = x;
-    Y[i] = y;
   }
   if (ch < K) {
     __nv_bfloat16* Wneg = reinterpret_cast<__nv_bfloat16*>(ops + Ops::kWneg);
