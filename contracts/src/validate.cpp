@@ -22,8 +22,8 @@ namespace {
 
 using i64 = std::int64_t;
 
-// a * b, or INT64_MAX / INT64_MIN when that overflows: for checks on absurd inputs, where any
-// out-of-range value fails the comparison it feeds.
+// a * b and a + b, or INT64_MAX / INT64_MIN when that overflows: for checks on absurd inputs,
+// where any out-of-range value fails the comparison it feeds.
 i64 saturating_mul(i64 a, i64 b) {
   i64 product = 0;
   if (__builtin_mul_overflow(a, b, &product))
@@ -31,6 +31,12 @@ i64 saturating_mul(i64 a, i64 b) {
   return product;
 }
 
+i64 saturating_add(i64 a, i64 b) {
+  i64 sum = 0;
+  if (__builtin_add_overflow(a, b, &sum))
+    return b < 0 ? std::numeric_limits<i64>::min() : std::numeric_limits<i64>::max();
+  return sum;
+}
 
 // ------------------------------------------------------------------------------------------------
 // Reporting
@@ -276,7 +282,7 @@ std::optional<i64> expected_size(const Dims& d, Dim dim) {
     case kSlots: return d.slots;
     case kN: return d.N;
     case kNPlus1:
-      if (d.N) return *d.N + 1;
+      if (d.N) return saturating_add(*d.N, 1);  // N = INT64_MAX rows: absurd, refused by arg.extent
       return std::nullopt;
     case kT: return d.T;
     case kAny: return std::nullopt;
