@@ -104,6 +104,16 @@ __device__ __forceinline__ void store_stream(void* p, const uint4& v) {
   __stcs(static_cast<uint4*>(p), v);
 }
 
+// Programmatic dependent launch: the decode kernel is launched so that it may start while
+// the previous kernel on the stream is finishing; before its first global access it waits
+// for the grids it depends on to complete and their writes to be visible. Launched without the
+// attribute, both are no-ops.
+__device__ __forceinline__ void wait_for_prior_grids() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+// Lets the next kernel's blocks be scheduled (they still wait for this grid to complete).
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 __device__ __forceinline__ void raise(unsigned long long* error_word, std::uint64_t bits) {
   if (error_word != nullptr && bits != 0) atomicOr(error_word, static_cast<unsigned long long>(bits));
 }

@@ -25,12 +25,15 @@ struct GuardExtras {
   const std::int32_t* scratch_row_map = nullptr;  // verify, commit (used without scratch_indices)
 };
 
-// Chunks of state rows each block walks (RowTile::kChunkRows rows each; the loads of the next
-// chunk overlap the current one). More chunks per block amortise the block's token prologue and
-// keep loads in flight longer; fewer give small batches more blocks. `requested` > 0 forces it.
+// Verify: chunks of state rows each block walks (RowTile::kChunkRows rows each; the loads of the
+// next chunk overlap the current one). More chunks per block amortise the block's token prologue
+// and keep loads in flight longer; fewer give small batches more blocks. `requested` > 0 forces it.
 int pick_chunks_per_block(std::int64_t rows, std::int32_t heads, std::int32_t chunks_per_head,
                           int requested);
 
+// Decode: chunks_per_block 0 launches the resident (persistent) grid, each warp walking an equal
+// share of the call's chunks; > 0 sizes the grid so each warp walks about that many.
+//
 // Every launcher returns the launch's cudaError_t (cudaSuccess when there was nothing to do)
 // and never synchronises.
 cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_per_block,

@@ -1,16 +1,15 @@
-// The per-token recurrence on the GPU, shared by decode (one token per row, state updated in
-// place) and verify (up to T tokens per row, every step's state to a scratch slot).
+// The per-token recurrence on the GPU: the token preparation shared by decode and verify, and the
+// verify kernel (up to T tokens per row, every step's state to a scratch slot). The decode kernel
+// (one token per row, state updated in place) is in decode.cu.
 //
-// Work split: rows of a state are independent given the token's q, k, g and beta (row v needs
-// v[v] and nothing of the other rows), so a block owns one (row n, value head hv) and a slice of
-// its state rows. A group of K/16 lanes holds one state row, 16 elements per lane, in registers;
-// the K reductions stay inside the group (shuffles). The slice is walked in chunks of 64 bytes of
-// state per thread (one f32 row or two bf16 rows per thread), and the next chunk's loads are issued
-// before the current chunk is computed, so every thread keeps a chunk in flight for the block's
-// whole life. The token's L2 norms, gate and sigmoid are recomputed by every block (one warp per
-// token, all its loads issued at once): a few hundred flops against the slice's state.
-// The state is read once and written once per call; verify keeps each chunk's rows in registers
-// across its T steps.
+// Verify's work split: rows of a state are independent given the token's q, k, g and beta (row v
+// needs v[v] and nothing of the other rows), so a block owns one (row n, value head hv) and a slice
+// of its state rows. A group of K/16 lanes holds one state row, 16 elements per lane, in
+// registers; the K reductions stay inside the group (shuffles). The slice is walked in chunks of
+// 64 bytes of state per thread (one f32 row or two bf16 rows per thread), and the next chunk's
+// loads are issued before the current chunk is computed. The token's L2 norms, gate and sigmoid
+// are recomputed by every block (one warp per token, all its loads issued at once). Each chunk's
+// rows stay in registers across the T steps.
 #pragma once
 
 #include <cstdint>
@@ -47,35 +46,36 @@ template <int K, int kSteps> struct alignas(16) StepInputs {
   std::int64_t dst[kSteps];  // verify: flat scratch slot of the step, -1 = not written
 };
 
-// One warp prepares one token for value head hv: q/k (optional L2 norm, scale), the gate's decay
-// exp(g) per key channel, beta, k.q, and v for the block's `rows` rows from row0. Every load is
-// issued before the first use, so the prologue costs one memory round trip.
-template <class IO, int K, int kSteps>
-__device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
-                                              int row0, int rows, int lane, int step,
-                                              StepInputs<K, kSteps>& sm) {
-  constexpr int kPerLane = K / 32;
-  constexpr int kVPerLane = kMaxRowsPerBlock / 32;
+// The prepared inputs of one token on the kCh key channels a lane owns: k (L2-normalised when
+// asked), q (normalised and scaled), the decay exp(g) per channel, beta, and k . q.
+template <int kCh> struct LaneToken {
+  float k[kCh], q[kCh], decay[kCh];
+  float beta, kq;
+};
+
+// Prepares one token of value head hv on the channels channel(0..kCh-1) of this lane; the norms
+// and k . q are summed over aligned groups of kGroup lanes that together own all K channels. Every
+// load is issued before the first use, so it costs one memory round trip. Every lane of the warp
+// must call it (the sums shuffle across the warp).
+template <class IO, int K, int kCh, int kGroup, class Channel>
+__device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& in, int hv,
+                                                             std::int64_t token, Channel&& channel) {
+  static_assert(kCh * kGroup == K);
   const int h = hv / (in.HV / in.H);
   const bool raw_gate = in.gate_kind != GateKind::activated;
   const IO* qp = static_cast<const IO*>(in.q.data) + token * in.q.token_stride + h * in.q.head_stride;
   const IO* kp = static_cast<const IO*>(in.k.data) + token * in.k.token_stride + h * in.k.head_stride;
-  const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
   const std::int64_t gate_base = token * in.gate.token_stride + hv * in.gate.head_stride;
 
-  float kx[kPerLane], qx[kPerLane], gx[kPerLane], bias[kPerLane], vx[kVPerLane];
+  LaneToken<kCh> t;
+  float gx[kCh], bias[kCh];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int c = lane + 32 * i;
-    kx[i] = to_f32(kp[c]);
-    qx[i] = to_f32(qp[c]);
+  for (int i = 0; i < kCh; ++i) {
+    const int c = channel(i);
+    t.k[i] = to_f32(kp[c]);
+    t.q[i] = to_f32(qp[c]);
     gx[i] = load_f32(in.gate.data, in.gate_dtype, gate_base + c);
     bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < kVPerLane; ++i) {
-    const int r = lane + 32 * i;
-    vx[i] = r < rows && row0 + r < in.V ? to_f32(vp[row0 + r]) : 0.f;
   }
   const float a_log = raw_gate ? in.A_log[hv] : 0.f;
   const float b = load_f32(in.beta.data, in.beta_dtype,
@@ -85,29 +85,28 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
   if (in.use_qk_l2norm) {
     float kk = 0.f, qq = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      kk += kx[i] * kx[i];
-      qq += qx[i] * qx[i];
+    for (int i = 0; i < kCh; ++i) {
+      kk += t.k[i] * t.k[i];
+      qq += t.q[i] * t.q[i];
     }
-    kk = warp_sum(kk);
-    qq = warp_sum(qq);
+    kk = group_sum<kGroup>(kk);
+    qq = group_sum<kGroup>(qq);
     const float k_factor = 1.0f / sqrtf(kk + 1e-6f);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) kx[i] *= k_factor;
+    for (int i = 0; i < kCh; ++i) t.k[i] *= k_factor;
     q_factor = (1.0f / sqrtf(qq + 1e-6f)) * in.scale;
   }
   float kq = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    qx[i] *= q_factor;
-    kq += kx[i] * qx[i];
+  for (int i = 0; i < kCh; ++i) {
+    t.q[i] *= q_factor;
+    kq += t.k[i] * t.q[i];
   }
-  kq = warp_sum(kq);
+  t.kq = group_sum<kGroup>(kq);
 
   const float a_exp = raw_gate ? expf(a_log) : 0.f;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int c = lane + 32 * i;
+  for (int i = 0; i < kCh; ++i) {
     float g = gx[i];
     if (raw_gate) {
       const float x = g + bias[i];
@@ -118,15 +117,41 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
         g = in.lower_bound / (1.f + expf(-a_exp * x));
       }
     }
-    sm.k[step][c] = kx[i];
-    sm.q[step][c] = qx[i];
-    sm.decay[step][c] = expf(g);
+    t.decay[i] = expf(g);
+  }
+  t.beta = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
+  return t;
+}
+
+// One warp prepares one token for value head hv into shared memory (verify): the lane-token
+// preparation over channels lane + 32 i, and v for the block's `rows` rows from row0.
+template <class IO, int K, int kSteps>
+__device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
+                                              int row0, int rows, int lane, int step,
+                                              StepInputs<K, kSteps>& sm) {
+  constexpr int kPerLane = K / 32;
+  constexpr int kVPerLane = kMaxRowsPerBlock / 32;
+  const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
+  float vx[kVPerLane];
+#pragma unroll
+  for (int i = 0; i < kVPerLane; ++i) {
+    const int r = lane + 32 * i;
+    vx[i] = r < rows && row0 + r < in.V ? to_f32(vp[row0 + r]) : 0.f;
+  }
+  const LaneToken<kPerLane> t =
+      prepare_lane_token<IO, K, kPerLane, 32>(in, hv, token, [&](int i) { return lane + 32 * i; });
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    sm.k[step][c] = t.k[i];
+    sm.q[step][c] = t.q[i];
+    sm.decay[step][c] = t.decay[i];
   }
 #pragma unroll
   for (int i = 0; i < kVPerLane; ++i) sm.v[step][lane + 32 * i] = vx[i];
   if (lane == 0) {
-    sm.beta[step] = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
-    sm.kq[step] = kq;
+    sm.beta[step] = t.beta;
+    sm.kq[step] = t.kq;
   }
 }
 
@@ -243,58 +268,6 @@ __device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, co
       process(odd, chunk + 1);
     }
   }
-}
-
-// ------------------------------------------------------------------------------------------------
-// decode: row n is request n, token n; state slot cache_indices[n] updated in place.
-// ------------------------------------------------------------------------------------------------
-template <class IO, class ST, int K>
-__global__ void __launch_bounds__(kRowThreads, 4)
-    decode_kernel(const DecodeParams p, const GuardState guard, const std::int32_t slices,
-                  const std::int32_t chunks) {
-  using Tile = RowTile<ST, K>;
-  __shared__ StepInputs<K, 1> sm;
-
-  const BlockCoords bc = block_coords(p.in.HV, slices);
-  const int V = p.in.V;
-  const int block_rows = chunks * Tile::kChunkRows;
-  const ChunkRows<ST, K> rows{bc.slice * block_rows, static_cast<int>(threadIdx.x) / Tile::kLanes,
-                              static_cast<int>(threadIdx.x) % Tile::kLanes};
-
-  const std::int64_t slot = p.cache_indices[bc.n];
-  const std::uint64_t faults = slot_faults(slot, p.state.num_slots);
-  if (faults != 0) {
-    if (threadIdx.x == 0 && bc.hv == 0 && bc.slice == 0) raise(guard.error_word, faults);
-    return;
-  }
-  if (guard.row_flags != nullptr && guard.row_flags[bc.n] != 0) return;
-  if (!vc::is_active(slot)) {  // padding row: zeros out, state untouched
-    for (int i = threadIdx.x; i < block_rows; i += kRowThreads)
-      if (rows.block_row0 + i < V) store_out<IO>(p.out, bc.n, bc.hv, rows.block_row0 + i, 0.f);
-    return;
-  }
-
-  ST* head = static_cast<ST*>(p.state.data) + slot * p.state.slot_stride +
-             static_cast<std::int64_t>(bc.hv) * V * K;
-  auto process = [&](const uint4 (&raw)[4], int chunk) {
-    if (chunk == 0) {  // the token is prepared while the first chunks load
-      if (threadIdx.x < 32)
-        prepare_token<IO, K, 1>(p.in, bc.hv, bc.n, rows.block_row0, block_rows, threadIdx.x, 0, sm);
-      __syncthreads();
-    }
-#pragma unroll
-    for (int r = 0; r < Tile::kRows; ++r) {
-      float s[16];
-      rows.unpack(raw, r, s);
-      const float o = step_row<ST, K, 1>(s, sm, 0, rows.group_lane, sm.v[0][rows.local(chunk, r)]);
-      const int at = rows.row(chunk, r);
-      if (at < V) {
-        rows.store(head, at, s);
-        if (rows.group_lane == 0) store_out<IO>(p.out, bc.n, bc.hv, at, o);
-      }
-    }
-  };
-  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
 }
 
 // ------------------------------------------------------------------------------------------------

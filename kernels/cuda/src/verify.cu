@@ -1,4 +1,5 @@
 // Launcher of the verify kernel (recurrent.cuh).
+#include <algorithm>
 #include <climits>
 
 #include "dispatch.cuh"
@@ -6,6 +7,18 @@
 #include "recurrent.cuh"
 
 namespace kdaguard::gpu::detail {
+
+int pick_chunks_per_block(std::int64_t rows, std::int32_t heads, std::int32_t chunks_per_head,
+                          int requested) {
+  if (requested > 0) return std::min<int>(requested, chunks_per_head);
+  // About two waves of resident blocks (132 SMs x 8) before a block takes several chunks: small
+  // batches need the blocks, large ones the longer pipelines.
+  constexpr std::int64_t kTargetBlocks = 2048;
+  int chunks = chunks_per_head;
+  while (chunks > 1 && rows * heads * ((chunks_per_head + chunks - 1) / chunks) < kTargetBlocks)
+    chunks = (chunks + 1) / 2;
+  return chunks;
+}
 
 cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int chunks_per_block,
                           cudaStream_t stream) {

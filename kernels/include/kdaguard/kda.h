@@ -38,9 +38,9 @@ struct DeviceGuard {
 struct LaunchOptions {
   cudaStream_t stream = nullptr;
   DeviceGuard guard;
-  // Tuning: chunks of state rows (64 bytes per thread each) every decode or verify block walks,
-  // overlapping the next chunk's loads with the current one; 0 chooses from the grid size.
-  // Results are identical for every choice.
+  // Tuning: chunks of state rows (64 bytes per thread each) that every decode warp or verify
+  // block walks, with the next chunk's loads in flight; 0 chooses (decode: the resident grid,
+  // each warp an equal share; verify: from the grid size). Results are identical for every choice.
   int chunks_per_block = 0;
 };
 
