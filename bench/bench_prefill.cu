@@ -1,8 +1,9 @@
 // Prefill benchmarks (performance.md): K = V = 128, bf16 inputs, f32 state, raw gate with
 // lower_bound -5, beta logits and the L2 norm in the kernel. Each timed call is what the entry
 // point does (gpu::prefill): validate the call (host copies of the index values, so no guard
-// kernel), lower it, launch. The figures in NOTES_prefill.md were taken before the entry point
-// existed, with validate + lower + the launcher called here directly: the same work.
+// kernel), lower it, take the workspace from the library's pool, launch the prepare and chain
+// kernels, give the workspace back (stream ordered). The v4 figures in NOTES_prefill.md are of
+// this binary; v1-v3's were taken with validate + lower + the launcher called directly.
 // Shapes: T in {512, 8192, 32768} x H in {32, 64} x B in {1, 2}, and 10 ragged sequences summing
 // to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
 // ceiling is measured by the same binary (BM_CopyCeiling).
