@@ -3,7 +3,7 @@
 # coverage merged back into the checked-in seed corpora (corpus/<target>; commit them).
 #
 #   scripts/fuzz_continuous.sh [TARGET ...]        (default: every fuzz/fuzz_*.cpp target)
-#     FUZZ_PRESET   fuzz (ASan + UBSan, the default) or fuzz-fast (no sanitizers, about 4x the
+#     FUZZ_PRESET   fuzz (ASan + UBSan, the default) or fuzz-fast (no sanitizers, about 3x the
 #                   executions; the targets' own invariants are still checked): run both for long
 #                   campaigns, since only the sanitizer build sees undefined behaviour
 #     FUZZ_BUILD    the preset's build dir (default build-fuzz or build-fuzz-fast; built here if needed)
