@@ -13,7 +13,8 @@
 #include <cstdlib>
 #include <limits>
 #include <span>
-#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "kdaguard/contracts/value_checks.h"
 
@@ -795,7 +796,11 @@ const std::vector<i64>* host_values(const Context& ctx, Arg a, std::span<const R
 // index.range and index.unique over the first `rows` entries of a slot map.
 void check_slot_map(std::span<const i64> entries, std::string_view name, i64 num_slots,
                     bool padding_allowed, Report& r) {
-  std::unordered_set<i64> seen;
+  // (slot, row) of every active in-range entry; sorted, a repeat is any entry after the first of
+  // its slot. One sort instead of a hash set: this runs per call on the serving path, and a node
+  // allocation per row cost ~50 ns a row at B = 512.
+  std::vector<std::pair<i64, std::size_t>> active;
+  active.reserve(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const i64 slot = entries[i];
     if (!padding_allowed && slot == -1) {
@@ -810,10 +815,16 @@ void check_slot_map(std::span<const i64> entries, std::string_view name, i64 num
                         num_slots));
       continue;
     }
-    if (value_checks::is_active(slot) && !seen.insert(slot).second)
-      r.add(RuleId::index_unique, name,
-            fmt::format("{}[{}] = {} names a slot an earlier row already uses", name, i, slot));
+    if (value_checks::is_active(slot)) active.emplace_back(slot, i);
   }
+  std::sort(active.begin(), active.end());
+  std::vector<std::size_t> repeats;
+  for (std::size_t j = 1; j < active.size(); ++j)
+    if (active[j].first == active[j - 1].first) repeats.push_back(active[j].second);
+  std::sort(repeats.begin(), repeats.end());  // reported in row order
+  for (const std::size_t i : repeats)
+    r.add(RuleId::index_unique, name,
+          fmt::format("{}[{}] = {} names a slot an earlier row already uses", name, i, entries[i]));
 }
 
 // The value rules each index tensor is subject to, deferred together when its values are absent.
