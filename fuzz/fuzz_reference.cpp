@@ -75,35 +75,14 @@ void check_speculative(HostProblem& problem) {
   if (s.entry == Entry::verify)
     if (const auto where = problem.unexpected_writes(before_verify))
       fuzz_failure("verify wrote outside its outputs: " + *where + "\n" + describe(s));
-  i64 first_token = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    for (i64 t = 0; t < s.seq_lens[n]; ++t) {
-      const auto got = read_floats(slice_rows(*problem.verify->out, first_token + t, 1));
-      if (s.slots[n] < 0) {
-        if (got != std::vector<double>(got.size(), 0.0))
-          fuzz_failure(fmt::format("verify padding row {} output is not zero\n{}", n, describe(s)));
-        continue;
-      }
-      if (got != trace.out[n][t])
-        fuzz_failure(fmt::format("verify row {} step {} output differs from decode\n{}", n, t, describe(s)));
-      const i64 flat = scratch_slot(s, n, t);
-      if (flat >= 0 && read_slot(*problem.verify->scratch, flat) != trace.state[n][t])
-        fuzz_failure(fmt::format("verify row {} step {} state differs from decode\n{}", n, t, describe(s)));
-    }
-    first_token += s.seq_lens[n];
-  }
+  if (const auto mismatch = verify_mismatch(problem, trace)) fuzz_failure(*mismatch + "\n" + describe(s));
   if (s.entry != Entry::commit) return;
   problem.poison_outputs();
   const Snapshot before = problem.snapshot();
   expect_ok(reference::commit(*problem.commit), s, "commit");
   if (const auto where = problem.unexpected_writes(before))
     fuzz_failure("commit wrote outside its outputs: " + *where + "\n" + describe(s));
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    const i64 a = s.accepted[n];
-    if (s.slots[n] < 0 || a == 0) continue;
-    if (read_slot(*problem.commit->state, s.slots[n]) != trace.state[n][a - 1])
-      fuzz_failure(fmt::format("commit row {} ({} accepted) differs from decoding them\n{}", n, a, describe(s)));
-  }
+  if (const auto mismatch = commit_mismatch(problem, trace)) fuzz_failure(*mismatch + "\n" + describe(s));
 }
 
 }  // namespace

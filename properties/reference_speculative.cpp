@@ -19,7 +19,6 @@ namespace {
 using support::DecodeTrace;
 using support::HostProblem;
 using support::ProblemSpec;
-using support::scratch_slot;
 
 DecodeTrace decode_each_token(HostProblem& problem) {
   DecodeTrace trace;
@@ -44,21 +43,8 @@ RC_GTEST_PROP(ReferenceSpeculative, VerifyEqualsSingleTokenDecodes, ()) {
   const auto unwritten = problem.unwritten_outputs();
   RC_ASSERT(!unwritten.has_value());
 
-  const TensorView& out = *problem.verify->out;
-  std::int64_t first_token = 0;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
-    for (std::int64_t t = 0; t < spec.seq_lens[n]; ++t) {
-      const std::vector<double> got = support::read_floats(support::slice_rows(out, first_token + t, 1));
-      if (spec.slots[n] < 0) {
-        RC_ASSERT(got == std::vector<double>(got.size(), 0.0));  // padding rows output zeros
-        continue;
-      }
-      RC_ASSERT(got == trace.out[n][t]);
-      const std::int64_t flat = scratch_slot(spec, n, t);
-      if (flat >= 0) RC_ASSERT(support::read_slot(*problem.verify->scratch, flat) == trace.state[n][t]);
-    }
-    first_token += spec.seq_lens[n];
-  }
+  const auto mismatch = support::verify_mismatch(problem, trace);
+  if (mismatch) RC_FAIL(*mismatch);
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, CommitEqualsDecodingTheAcceptedTokens, ()) {
@@ -77,11 +63,8 @@ RC_GTEST_PROP(ReferenceSpeculative, CommitEqualsDecodingTheAcceptedTokens, ()) {
   RC_ASSERT(!unexpected.has_value());
   const auto unwritten = problem.unwritten_outputs();
   RC_ASSERT(!unwritten.has_value());
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
-    const std::int64_t a = spec.accepted[n];
-    if (spec.slots[n] < 0 || a == 0) continue;  // unchanged: checked by unexpected_writes
-    RC_ASSERT(support::read_slot(*problem.commit->state, spec.slots[n]) == trace.state[n][a - 1]);
-  }
+  const auto mismatch = support::commit_mismatch(problem, trace);
+  if (mismatch) RC_FAIL(*mismatch);
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, CommitOfNothingChangesNothing, ()) {

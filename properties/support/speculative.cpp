@@ -1,5 +1,7 @@
 #include "speculative.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <optional>
 
@@ -56,6 +58,39 @@ Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
     first_token += s.seq_lens[n];
   }
   return Status::success();
+}
+
+std::optional<std::string> verify_mismatch(const HostProblem& problem, const DecodeTrace& trace) {
+  const ProblemSpec& s = problem.spec;
+  std::int64_t first_token = 0;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    for (std::int64_t t = 0; t < s.seq_lens[n]; ++t) {
+      const std::vector<double> got = read_floats(slice_rows(*problem.verify->out, first_token + t, 1));
+      if (s.slots[n] < 0) {
+        if (got != std::vector<double>(got.size(), 0.0))
+          return fmt::format("verify padding row {} step {}: output is not zero", n, t);
+        continue;
+      }
+      if (got != trace.out[n][t])
+        return fmt::format("verify row {} step {}: output differs from decoding the token", n, t);
+      const std::int64_t flat = scratch_slot(s, n, t);
+      if (flat >= 0 && read_slot(*problem.verify->scratch, flat) != trace.state[n][t])
+        return fmt::format("verify row {} step {}: scratch state differs from decoding the token", n, t);
+    }
+    first_token += s.seq_lens[n];
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> commit_mismatch(const HostProblem& problem, const DecodeTrace& trace) {
+  const ProblemSpec& s = problem.spec;
+  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+    const std::int64_t a = s.accepted[n];
+    if (s.slots[n] < 0 || a == 0) continue;
+    if (read_slot(*problem.commit->state, s.slots[n]) != trace.state[n][a - 1])
+      return fmt::format("commit row {} ({} accepted): state differs from decoding them", n, a);
+  }
+  return std::nullopt;
 }
 
 std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kdaguard/status.h"
@@ -20,6 +22,14 @@ struct DecodeTrace {
 // decode call per token, on the problem's committed pool in place (callers restore it afterwards).
 // A refused decode stops the walk and is returned; `trace` then holds the steps before it.
 Status decode_each_token(HostProblem& problem, DecodeTrace& trace);
+
+// The first way a verify that has run differs from `trace`: a padding row's output not zero, an
+// active step's output, or the state in its scratch slot; nullopt when it matches everywhere.
+std::optional<std::string> verify_mismatch(const HostProblem& problem, const DecodeTrace& trace);
+
+// The first row whose committed slot after a commit differs from the state after its last
+// accepted step in `trace` (rows that accepted nothing are the unexpected-writes check's).
+std::optional<std::string> commit_mismatch(const HostProblem& problem, const DecodeTrace& trace);
 
 // The scratch slot that step t of row n writes: the explicit scratch_indices, or the identity map.
 std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t);
