@@ -133,13 +133,17 @@ __global__ void __launch_bounds__(32 * kWarps)
   // [8 nt, 8 nt + 8).
   const std::int64_t head_offset =
       seq.slot * p.state.slot_stride + static_cast<std::int64_t>(hv) * V * K;
+  // The pool element of the accumulator pair (S[nt][2 half], S[nt][2 half + 1]): read here, written
+  // back after the last chunk.
+  const auto state_at = [&](int nt, int half) {
+    return head_offset + static_cast<std::int64_t>(v0 + group + 8 * half) * K + 8 * nt + 2 * quad;
+  };
   float S[K / 8][4];
 #pragma unroll
   for (int nt = 0; nt < K / 8; ++nt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const std::int64_t at =
-          head_offset + static_cast<std::int64_t>(v0 + group + 8 * half) * K + 8 * nt + 2 * quad;
+      const std::int64_t at = state_at(nt, half);
       float lo, hi;
       if (p.state.dtype == DType::f32) {
         const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(p.state.data) + at);
@@ -271,8 +275,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int nt = 0; nt < K / 8; ++nt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const std::int64_t at =
-          head_offset + static_cast<std::int64_t>(v0 + group + 8 * half) * K + 8 * nt + 2 * quad;
+      const std::int64_t at = state_at(nt, half);
       const float lo = S[nt][2 * half], hi = S[nt][2 * half + 1];
       if (p.state.dtype == DType::f32) {
         *reinterpret_cast<float2*>(static_cast<float*>(p.state.data) + at) = make_float2(lo, hi);
