@@ -18,21 +18,13 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "recurrent.cuh"
+#include "warp_rows.cuh"
 
 namespace kdaguard::gpu::detail {
 namespace {
 
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
-
-template <class ST, int K> struct WarpTile {
-  static constexpr int kPerVec = 16 / static_cast<int>(sizeof(ST));  // channels per lane
-  static constexpr int kLanes = K / kPerVec;                          // lanes per row
-  static constexpr int kRowsPerPass = 32 / kLanes;
-  static constexpr int kVecs = 4;  // rows per lane per chunk: 64 bytes of state in flight
-  static constexpr int kChunkRows = kRowsPerPass * kVecs;
-  static_assert(kLanes <= 32 && 32 % kLanes == 0);
-};
 
 // One chunk's loads stay in flight while another is computed, with the register budget of four
 // 128-thread blocks per SM (128 registers: no spill for f32 state, 84 bytes for bf16). Measured on
@@ -81,50 +73,6 @@ __device__ __forceinline__ RowStatus decode_row(const DecodeParams& p, const Gua
   r.active = !r.skip && vc::is_active(r.slot);
   return r;
 }
-
-// Sums kValues values over an aligned group of kLanes lanes with fewer shuffles than one group
-// sum per value: at each of the first log2(kValues) levels a lane keeps the half of its values
-// that its partner (lane ^ offset) drops, and adds the partner's copy of that half; the last
-// levels add one value. Returns the group's total of the one value this lane ends up owning
-// (ScatterOwner says which).
-template <int kOffset, int kCount, int kValues>
-__device__ __forceinline__ float scatter_sum(float (&a)[kValues], int lane) {
-  if constexpr (kOffset == 0) {
-    return a[0];
-  } else if constexpr (kCount > 1) {
-    constexpr int kHalf = kCount / 2;
-    const bool upper = (lane & kOffset) != 0;
-#pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      const float send = upper ? a[i] : a[i + kHalf];
-      const float keep = upper ? a[i + kHalf] : a[i];
-      a[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
-    }
-    return scatter_sum<kOffset / 2, kHalf>(a, lane);
-  } else {
-    a[0] += __shfl_xor_sync(0xffffffffu, a[0], kOffset);
-    return scatter_sum<kOffset / 2, 1>(a, lane);
-  }
-}
-
-// Which value of scatter_sum<kLanes / 2, kValues> a lane owns, and the first lane of the group
-// (relative to the group) that owns value i.
-template <int kLanes, int kValues> struct ScatterOwner {
-  static_assert(kValues <= kLanes && (kValues & (kValues - 1)) == 0);
-  __device__ __forceinline__ static int value_of(int group_lane) {
-    int value = 0;
-#pragma unroll
-    for (int offset = kLanes / 2, half = kValues / 2; half > 0; offset /= 2, half /= 2)
-      if (group_lane & offset) value += half;
-    return value;
-  }
-  __host__ __device__ static constexpr int first_lane(int value) {
-    int lane = 0;
-    for (int offset = kLanes / 2, half = kValues / 2; half > 0; offset /= 2, half /= 2)
-      if (value & half) lane += offset;
-    return lane;
-  }
-};
 
 template <class IO, class ST, int K>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
