@@ -53,34 +53,52 @@ template <int kCh> struct LaneToken {
   float beta, kq;
 };
 
-// Prepares one token of value head hv on the channels channel(0..kCh-1) of this lane; the norms
-// and k . q are summed over aligned groups of kGroup lanes that together own all K channels. Every
-// load is issued before the first use, so it costs one memory round trip. Every lane of the warp
-// must call it (the sums shuffle across the warp).
-template <class IO, int K, int kCh, int kGroup, class Channel>
-__device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& in, int hv,
-                                                             std::int64_t token, Channel&& channel) {
-  static_assert(kCh * kGroup == K);
+// The inputs of one token on the kCh key channels a lane owns, as loaded: k and q, the gate
+// (a or g), dt_bias (0 when absent or not used), A_log (0 for activated gates) and beta's input.
+template <int kCh> struct LaneTokenInputs {
+  float k[kCh], q[kCh], gate[kCh], bias[kCh];
+  float a_log, b;
+};
+
+// Loads one token of value head hv on the channels channel(0..kCh-1) of this lane. Every load is
+// issued before the first use, so it costs one memory round trip.
+template <class IO, int K, int kCh, class Channel>
+__device__ __forceinline__ LaneTokenInputs<kCh> load_lane_token(const TokenInputs& in, int hv,
+                                                                std::int64_t token,
+                                                                Channel&& channel) {
   const int h = hv / (in.HV / in.H);
   const bool raw_gate = in.gate_kind != GateKind::activated;
   const IO* qp = static_cast<const IO*>(in.q.data) + token * in.q.token_stride + h * in.q.head_stride;
   const IO* kp = static_cast<const IO*>(in.k.data) + token * in.k.token_stride + h * in.k.head_stride;
   const std::int64_t gate_base = token * in.gate.token_stride + hv * in.gate.head_stride;
-
-  LaneToken<kCh> t;
-  float gx[kCh], bias[kCh];
+  LaneTokenInputs<kCh> x;
 #pragma unroll
   for (int i = 0; i < kCh; ++i) {
     const int c = channel(i);
-    t.k[i] = to_f32(kp[c]);
-    t.q[i] = to_f32(qp[c]);
-    gx[i] = load_f32(in.gate.data, in.gate_dtype, gate_base + c);
-    bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
+    x.k[i] = to_f32(kp[c]);
+    x.q[i] = to_f32(qp[c]);
+    x.gate[i] = load_f32(in.gate.data, in.gate_dtype, gate_base + c);
+    x.bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
   }
-  const float a_log = raw_gate ? in.A_log[hv] : 0.f;
-  const float b = load_f32(in.beta.data, in.beta_dtype,
-                           token * in.beta.token_stride + hv * in.beta.head_stride);
+  x.a_log = raw_gate ? in.A_log[hv] : 0.f;
+  x.b = load_f32(in.beta.data, in.beta_dtype, token * in.beta.token_stride + hv * in.beta.head_stride);
+  return x;
+}
 
+// Prepares a token from its loaded inputs: the norms and k . q are summed over aligned groups of
+// kGroup lanes that together own all K channels. Every lane of the warp must call it (the sums
+// shuffle across the warp).
+template <int K, int kCh, int kGroup>
+__device__ __forceinline__ LaneToken<kCh> finish_lane_token(const TokenInputs& in,
+                                                            const LaneTokenInputs<kCh>& x) {
+  static_assert(kCh * kGroup == K);
+  const bool raw_gate = in.gate_kind != GateKind::activated;
+  LaneToken<kCh> t;
+#pragma unroll
+  for (int i = 0; i < kCh; ++i) {
+    t.k[i] = x.k[i];
+    t.q[i] = x.q[i];
+  }
   float q_factor = in.scale;
   if (in.use_qk_l2norm) {
     float kk = 0.f, qq = 0.f;
@@ -104,23 +122,30 @@ __device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& 
   }
   t.kq = group_sum<kGroup>(kq);
 
-  const float a_exp = raw_gate ? expf(a_log) : 0.f;
+  const float a_exp = raw_gate ? expf(x.a_log) : 0.f;
 #pragma unroll
   for (int i = 0; i < kCh; ++i) {
-    float g = gx[i];
+    float g = x.gate[i];
     if (raw_gate) {
-      const float x = g + bias[i];
+      const float gx = g + x.bias[i];
       if (in.gate_kind == GateKind::softplus) {
-        const float softplus = x > 20.f ? x : log1pf(expf(x));
+        const float softplus = gx > 20.f ? gx : log1pf(expf(gx));
         g = -a_exp * softplus;
       } else {
-        g = in.lower_bound / (1.f + expf(-a_exp * x));
+        g = in.lower_bound / (1.f + expf(-a_exp * gx));
       }
     }
     t.decay[i] = expf(g);
   }
-  t.beta = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-b)) : b;
+  t.beta = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-x.b)) : x.b;
   return t;
+}
+
+// Loads and prepares one token of value head hv on the channels channel(0..kCh-1) of this lane.
+template <class IO, int K, int kCh, int kGroup, class Channel>
+__device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& in, int hv,
+                                                             std::int64_t token, Channel&& channel) {
+  return finish_lane_token<K, kCh, kGroup>(in, load_lane_token<IO, K, kCh>(in, hv, token, channel));
 }
 
 // One warp prepares one token for value head hv into shared memory (verify): the lane-token
