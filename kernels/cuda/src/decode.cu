@@ -1,22 +1,30 @@
 // decode: row n is request n, token n; state slot cache_indices[n] updated in place.
 //
-// Work split: every warp is an independent worker (no shared memory, no barrier). A state row of
-// K elements is held by kLanes = K * sizeof(ST) / 16 lanes, one 16-byte vector each, so one warp
-// instruction moves 512 contiguous bytes of the pool; a lane carries 4 vectors (4 rows) per chunk,
-// whose reductions are independent of each other. A lane's channels of k, q and the decay are the
-// same for every row of a head, so a warp prepares them once per head, in registers (the norms are
-// summed over the lane group). The work is the flat list of chunks [row n][value head hv][chunk];
-// each warp of a persistent grid takes a contiguous share (shares differ by one chunk at most)
-// and walks it with the next chunk's loads in flight, across head and row boundaries, so a warp's
-// pipeline fills once per call. Launched with programmatic stream
+// Work split: every warp is an independent worker (no barrier across warps). A state row of K
+// elements is held by kLanes = K * sizeof(ST) / 16 lanes, one 16-byte vector each, so one warp
+// instruction moves 512 contiguous bytes; a lane carries 4 rows per chunk (a chunk is 2 KB of
+// contiguous state), whose reductions are independent of each other. A lane's channels of k, q
+// and the decay are the same for every row of a head, so a warp prepares them once per head, in
+// registers (the norms are summed over the lane group). The work is the flat list of chunks
+// [row n][value head hv][chunk]; each warp of a persistent grid takes a contiguous share (shares
+// differ by one chunk at most) and walks it across head and row boundaries.
+//
+// Loads: each warp owns a ring of kStages chunk buffers and two head-input buffers in shared
+// memory, filled by bulk copies (bulk_copy.cuh) that lane 0 issues kStages - 1 chunks ahead of the
+// chunk being computed; a head's q, k, gate, dt_bias and v rows arrive the same way when the issue
+// cursor enters the head. So about 6 KB per warp are in flight without holding registers, and a
+// warp waits on memory only when the whole ring is behind. Launched with programmatic stream
 // serialisation, a call's blocks are resident when the previous kernel on the stream finishes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <climits>
 
 #include "dispatch.cuh"
 #include "launch.h"
+#include "bulk_copy.cuh"
 #include "recurrent.cuh"
 #include "warp_rows.cuh"
 
@@ -26,19 +34,26 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 
-// One chunk's loads stay in flight while another is computed, with the register budget of four
-// 128-thread blocks per SM (128 registers: no spill for f32 state, 84 bytes for bf16). Measured on
-// the H200 (B = 64, f32 state): this 78.6 us; two chunks ahead at four blocks (80 bytes spilled)
-// 84.6 us; one ahead at five blocks (96 registers, about 150 bytes spilled) 103 us.
-constexpr int kChunksAhead = 1;
+// Chunk buffers per warp: kStages - 1 chunks (6 KB) in flight while one is computed.
+constexpr int kStages = 4;
 constexpr int kMinBlocksPerSm = 4;
 
-// One chunk's loads as they arrive: the state vectors and each row's v (converted at use, so that
-// issuing the loads never waits for them).
-template <class IO> struct ChunkLoad {
-  uint4 state[4];
-  IO v[4];
+// A head's inputs in shared memory, each row at a fixed offset (K, V <= 128, 4-byte elements at
+// most); dt_bias is copied only for raw gates that have one.
+struct HeadBuffer {
+  static constexpr int kRowBytes = 128 * 4;
+  unsigned char q[kRowBytes], k[kRowBytes], gate[kRowBytes], dt_bias[kRowBytes], v[kRowBytes];
 };
+
+template <class ST, int K> struct WarpRing {
+  static constexpr int kChunkBytes = WarpTile<ST, K>::kChunkRows * K * static_cast<int>(sizeof(ST));
+  static_assert(kChunkBytes == 4 * 512);
+  unsigned char chunk[kStages][kChunkBytes];
+  HeadBuffer head[2];
+  std::uint64_t chunk_ready[kStages];
+  std::uint64_t head_ready[2];
+};
+template <class ST, int K> constexpr int kSharedBytes = kDecodeWarps * sizeof(WarpRing<ST, K>);
 
 struct ChunkCursor {
   std::int32_t n, hv, c;
@@ -74,11 +89,17 @@ __device__ __forceinline__ RowStatus decode_row(const DecodeParams& p, const Gua
   return r;
 }
 
+// The size of a dtype's element as the kernels use it (f32 or 16-bit).
+__device__ __forceinline__ std::uint32_t element_bytes(DType dtype) {
+  return dtype == DType::f32 ? 4u : 2u;
+}
+
 template <class IO, class ST, int K>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
     decode_kernel(const DecodeParams p, const GuardState guard) {
   using Tile = WarpTile<ST, K>;
-  constexpr int kBuffers = kChunksAhead + 1;
+  using Ring = WarpRing<ST, K>;
+  extern __shared__ __align__(128) unsigned char shared[];
   wait_for_prior_grids();
   allow_next_grid();  // the next call's blocks may take free SM slots; they wait for this grid
 
@@ -87,7 +108,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   const int row_in_pass = lane / Tile::kLanes;
   const int V = p.in.V;
   const std::int32_t heads = p.in.HV;
-  const std::int32_t chunks_per_head = (V + Tile::kChunkRows - 1) / Tile::kChunkRows;
+  const std::int32_t chunks_per_head = V / Tile::kChunkRows;
 
   // This warp's share of the chunks.
   const std::int64_t total = static_cast<std::int64_t>(p.batch) * heads * chunks_per_head;
@@ -102,40 +123,81 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   first.hv = static_cast<std::int32_t>((begin / chunks_per_head) % heads);
   first.n = static_cast<std::int32_t>(begin / chunks_per_head / heads);
 
+  Ring& ring = reinterpret_cast<Ring*>(shared)[threadIdx.x / 32];
+  if (lane == 0) {
+    for (int b = 0; b < kStages; ++b) init_barrier(&ring.chunk_ready[b]);
+    for (int b = 0; b < 2; ++b) init_barrier(&ring.head_ready[b]);
+  }
+  __syncwarp();
+
   ST* const pool = static_cast<ST*>(p.state.data);
-  const IO* const v_base = static_cast<const IO*>(p.in.v.data);
-  auto row_of = [&](int c, int r) { return c * Tile::kChunkRows + r * Tile::kRowsPerPass + row_in_pass; };
+  const TokenInputs& in = p.in;
+  const bool raw_gate = in.gate_kind != GateKind::activated;
+  const bool copy_bias = raw_gate && in.dt_bias != nullptr;
+  const std::uint32_t io_row = K * sizeof(IO), gate_row = K * element_bytes(in.gate_dtype);
+  const std::uint32_t head_bytes = 2 * io_row + gate_row + (copy_bias ? K * 4 : 0) + V * sizeof(IO);
   auto head_of = [&](const RowStatus& row, std::int32_t hv) {
     return pool + row.slot * p.state.slot_stride + static_cast<std::int64_t>(hv) * V * K;
   };
 
-  // Loads of the chunk at the issue cursor (only for active rows; V is a multiple of the chunk).
+  // Issue side: the bulk copies of the chunk at the issue cursor (active rows only) and, on
+  // entering a head, of its inputs; beta and A_log are single values, loaded into registers.
   ChunkCursor issue_at = first;
   RowStatus issue_row = decode_row(p, guard, first.n);
   std::int64_t issued = begin;
-  auto issue = [&](ChunkLoad<IO>& load) {
+  std::uint32_t heads_issued = 0;
+  float b_of_buffer[2] = {0.f, 0.f}, a_log_of_buffer[2] = {0.f, 0.f};  // indexed by selects
+  auto issue = [&] {
     if (issued >= end) return;
     if (issue_at.n != issue_row.n) issue_row = decode_row(p, guard, issue_at.n);
     if (issue_row.active) {
-      const ST* head = head_of(issue_row, issue_at.hv);
-      const IO* v = v_base + static_cast<std::int64_t>(issue_at.n) * p.in.v.token_stride +
-                    static_cast<std::int64_t>(issue_at.hv) * p.in.v.head_stride;
-#pragma unroll
-      for (int r = 0; r < Tile::kVecs; ++r) {
-        const int row = row_of(issue_at.c, r);
-        load.state[r] = load_stream(head + static_cast<std::int64_t>(row) * K + group_lane * Tile::kPerVec);
-        load.v[r] = v[row];
+      __syncwarp();  // every lane is done with the buffers about to be refilled
+      if (issue_at.c == 0 || issued == begin) {
+        const std::uint32_t b = heads_issued++ & 1u;
+        const std::int64_t n = issue_at.n;
+        const int hv = issue_at.hv, h = hv / (in.HV / in.H);
+        const float beta_in = load_f32(in.beta.data, in.beta_dtype,
+                                       n * in.beta.token_stride + hv * in.beta.head_stride);
+        const float a_log = raw_gate ? in.A_log[hv] : 0.f;
+        (b == 0 ? b_of_buffer[0] : b_of_buffer[1]) = beta_in;
+        (b == 0 ? a_log_of_buffer[0] : a_log_of_buffer[1]) = a_log;
+        if (lane == 0) {
+          HeadBuffer& dst = ring.head[b];
+          std::uint64_t* bar = &ring.head_ready[b];
+          expect_bytes(bar, head_bytes);
+          copy_async(dst.q, static_cast<const IO*>(in.q.data) + n * in.q.token_stride + h * in.q.head_stride,
+                     io_row, bar);
+          copy_async(dst.k, static_cast<const IO*>(in.k.data) + n * in.k.token_stride + h * in.k.head_stride,
+                     io_row, bar);
+          copy_async(dst.gate,
+                     static_cast<const unsigned char*>(in.gate.data) +
+                         (n * in.gate.token_stride + hv * in.gate.head_stride) * element_bytes(in.gate_dtype),
+                     gate_row, bar);
+          if (copy_bias) copy_async(dst.dt_bias, in.dt_bias + hv * K, K * 4, bar);
+          copy_async(dst.v, static_cast<const IO*>(in.v.data) + n * in.v.token_stride + hv * in.v.head_stride,
+                     V * sizeof(IO), bar);
+        }
+      }
+      if (lane == 0) {
+        const int stage = static_cast<int>((issued - begin) % kStages);
+        expect_bytes(&ring.chunk_ready[stage], Ring::kChunkBytes);
+        copy_async(ring.chunk[stage],
+                   head_of(issue_row, issue_at.hv) + static_cast<std::int64_t>(issue_at.c) * Tile::kChunkRows * K,
+                   Ring::kChunkBytes, &ring.chunk_ready[stage]);
       }
     }
     issue_at.advance(heads, chunks_per_head);
     ++issued;
   };
 
+  // Use side. Phases flip per wait: bit b of chunk_phase is stage b's, of head_phase buffer b's.
   ChunkCursor use_at = first;
   RowStatus use_row = issue_row;
-  std::int64_t prepared_head = -1;  // n * HV + hv of `token`
+  std::uint32_t heads_used = 0, chunk_phase = 0, head_phase = 0;
+  const IO* head_v = nullptr;
   LaneToken<Tile::kPerVec> token;
-  auto compute = [&](const ChunkLoad<IO>& load) {
+  auto row_of = [&](int c, int r) { return c * Tile::kChunkRows + r * Tile::kRowsPerPass + row_in_pass; };
+  auto compute = [&](std::int64_t chunk) {
     if (use_at.n != use_row.n) use_row = decode_row(p, guard, use_at.n);
     if (use_row.skip) {
       if (use_row.faults != 0 && use_at.first_of_row() && lane == 0)
@@ -149,12 +211,29 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
           store_out<IO>(p.out, use_at.n, use_at.hv, row_of(use_at.c, r), 0.f);
       return;
     }
-    const std::int64_t head_key = static_cast<std::int64_t>(use_at.n) * heads + use_at.hv;
-    if (head_key != prepared_head) {
-      token = prepare_lane_token<IO, K, Tile::kPerVec, Tile::kLanes>(
-          p.in, use_at.hv, use_at.n, [&](int i) { return group_lane * Tile::kPerVec + i; });
-      prepared_head = head_key;
+    if (use_at.c == 0 || chunk == begin) {  // a new head: its inputs from shared memory
+      const std::uint32_t b = heads_used++ & 1u;
+      wait_phase(&ring.head_ready[b], (head_phase >> b) & 1u);
+      head_phase ^= 1u << b;
+      const HeadBuffer& src = ring.head[b];
+      LaneTokenInputs<Tile::kPerVec> x;
+#pragma unroll
+      for (int i = 0; i < Tile::kPerVec; ++i) {
+        const int c = group_lane * Tile::kPerVec + i;
+        x.k[i] = to_f32(reinterpret_cast<const IO*>(src.k)[c]);
+        x.q[i] = to_f32(reinterpret_cast<const IO*>(src.q)[c]);
+        x.gate[i] = load_f32(src.gate, in.gate_dtype, c);
+        x.bias[i] = copy_bias ? reinterpret_cast<const float*>(src.dt_bias)[c] : 0.f;
+      }
+      x.b = b == 0 ? b_of_buffer[0] : b_of_buffer[1];
+      x.a_log = b == 0 ? a_log_of_buffer[0] : a_log_of_buffer[1];
+      token = finish_lane_token<K, Tile::kPerVec, Tile::kLanes>(in, x);
+      head_v = reinterpret_cast<const IO*>(src.v);
     }
+    const int stage = static_cast<int>((chunk - begin) % kStages);
+    wait_phase(&ring.chunk_ready[stage], (chunk_phase >> stage) & 1u);
+    chunk_phase ^= 1u << stage;
+
     // Decay, then S k and S q of every row: 2 x kVecs sums over the lane group, scattered so
     // that each lane ends up with one total (value r: S k of row r, value kVecs + r: S q).
     constexpr int kValues = 2 * Tile::kVecs;
@@ -163,7 +242,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
     float sums[kValues];
 #pragma unroll
     for (int r = 0; r < Tile::kVecs; ++r) {
-      StateVec<ST>::unpack(load.state[r], s[r]);
+      // Row r * kRowsPerPass + row_in_pass of the chunk, vector group_lane: byte r * 512 + lane * 16.
+      StateVec<ST>::unpack(*reinterpret_cast<const uint4*>(&ring.chunk[stage][r * 512 + lane * 16]), s[r]);
       float sk = 0.f, sq = 0.f;
 #pragma unroll
       for (int e = 0; e < Tile::kPerVec; ++e) {
@@ -183,12 +263,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
     float my_u = 0.f;
 #pragma unroll
     for (int r = 0; r < Tile::kVecs; ++r) {
+      const int row = row_of(use_at.c, r);
       const float sk = __shfl_sync(0xffffffffu, owned, group_base + Owner::first_lane(r));
-      const float u = token.beta * (to_f32(load.v[r]) - sk);
+      const float u = token.beta * (to_f32(head_v[row]) - sk);
       if (owned_value == Tile::kVecs + r) my_u = u;
 #pragma unroll
       for (int e = 0; e < Tile::kPerVec; ++e) s[r][e] += u * token.k[e];
-      const int row = row_of(use_at.c, r);
       store_stream(head + static_cast<std::int64_t>(row) * K + group_lane * Tile::kPerVec,
                    StateVec<ST>::pack(s[r]));
     }
@@ -197,39 +277,43 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
                     owned + my_u * token.kq);
   };
 
-  ChunkLoad<IO> loads[kBuffers];
-#pragma unroll
-  for (int b = 0; b < kChunksAhead; ++b) issue(loads[b]);
-  for (std::int64_t chunk = begin; chunk < end; chunk += kBuffers) {
-#pragma unroll
-    for (int b = 0; b < kBuffers; ++b) {
-      if (chunk + b < end) {
-        issue(loads[(b + kChunksAhead) % kBuffers]);
-        compute(loads[b]);
-        use_at.advance(heads, chunks_per_head);
-      }
-    }
+  for (int b = 0; b + 1 < kStages; ++b) issue();
+  for (std::int64_t chunk = begin; chunk < end; ++chunk) {
+    issue();
+    compute(chunk);
+    use_at.advance(heads, chunks_per_head);
   }
 }
 
-// Blocks of `kernel` resident on the current device at once (0 when it cannot be told).
-template <class Kernel> int resident_blocks(Kernel kernel) {
-  static const int per_sm = [&] {  // per instantiation; the same on every call
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kDecodeThreads, 0) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return blocks;
-  }();
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
+// Readies decode_kernel<IO, ST, K> on the current device: allows its dynamic shared memory (beyond
+// the default 48 KB a launch needs this once per kernel and device) and counts the blocks resident
+// at once (0 when it cannot be told). Done on a device's first call, which therefore must not be
+// captured in a CUDA graph (kda.h says so).
+template <class IO, class ST, int K> cudaError_t ready_decode_kernel(int& resident) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> known{};  // resident + 1; 0 = not yet readied
+  const auto kernel = decode_kernel<IO, ST, K>;
+  constexpr int kShared = kSharedBytes<ST, K>;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < kMaxDevices && known[device].load(std::memory_order_relaxed) > 0) {
+    resident = known[device].load(std::memory_order_relaxed) - 1;
+    return cudaSuccess;
+  }
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
+      e != cudaSuccess)
+    return e;
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, kShared) !=
+          cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
-    return 0;
+    per_sm = sms = 0;
   }
-  return per_sm * sms;
+  resident = per_sm * sms;
+  if (device < kMaxDevices) known[device].store(resident + 1, std::memory_order_relaxed);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -240,22 +324,29 @@ cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_pe
                        [&]<class IO, class ST, int K>() -> cudaError_t {
                          using Tile = WarpTile<ST, K>;
                          const auto kernel = decode_kernel<IO, ST, K>;
+                         const int chunks_per_head = p.in.V / Tile::kChunkRows;
+                         // A warp's two head buffers are refilled safely only when a head spans
+                         // at least kStages - 1 chunks (V = 64 has 4 at the most rows per chunk).
+                         if (p.in.V % Tile::kChunkRows != 0 || chunks_per_head < kStages - 1)
+                           return cudaErrorInvalidValue;
                          const std::int64_t chunks =
-                             static_cast<std::int64_t>(p.batch) * p.in.HV *
-                             ((p.in.V + Tile::kChunkRows - 1) / Tile::kChunkRows);
+                             static_cast<std::int64_t>(p.batch) * p.in.HV * chunks_per_head;
                          if (chunks == 0) return cudaSuccess;
+                         int resident = 0;
+                         if (const cudaError_t e = ready_decode_kernel<IO, ST, K>(resident);
+                             e != cudaSuccess)
+                           return e;
                          const std::int64_t warps_wanted =
                              chunks_per_block > 0 ? (chunks + chunks_per_block - 1) / chunks_per_block
                                                   : chunks;
                          std::int64_t blocks = (warps_wanted + kDecodeWarps - 1) / kDecodeWarps;
-                         if (chunks_per_block <= 0) {
-                           const int resident = resident_blocks(kernel);
-                           if (resident > 0) blocks = std::min<std::int64_t>(blocks, resident);
-                         }
+                         if (chunks_per_block <= 0 && resident > 0)
+                           blocks = std::min<std::int64_t>(blocks, resident);
                          if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
                          cudaLaunchConfig_t config{};
                          config.gridDim = dim3(static_cast<unsigned>(blocks));
                          config.blockDim = dim3(kDecodeThreads);
+                         config.dynamicSmemBytes = kSharedBytes<ST, K>;
                          config.stream = stream;
                          cudaLaunchAttribute attribute{};
                          attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

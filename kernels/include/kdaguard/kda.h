@@ -6,10 +6,10 @@
 // lowered to its params struct and launched on the given stream. The launch path never
 // synchronises the device, so it can be captured in a CUDA graph, after one uncaptured call of
 // the same entry point and head dims on that device (the warm-up CUDA graphs usually need: that
-// call loads the kernels and, for prefill, creates the workspace pool; CUDA refuses both during a
-// capture). Only prefill needs memory of its own (the chunk operands between its two kernels): it
-// takes it stream-ordered from that per-device pool and frees it on the stream after its kernels;
-// under capture that becomes the graph's own allocation.
+// call loads the kernels, grants decode its shared memory and, for prefill, creates the workspace
+// pool, steps CUDA may refuse during a capture). Only prefill needs memory of its own (the chunk
+// operands between its two kernels): it takes it stream-ordered from that per-device pool and
+// frees it on the stream after its kernels; under capture that becomes the graph's own allocation.
 //
 // Value rules whose values live only on the device are checked there by a guard kernel that runs
 // before the main kernel on the same stream. It needs a DeviceGuard from the caller: an error
