@@ -37,6 +37,34 @@ inline void check_cuda(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// check_cuda named by the expression itself.
+#define KDAGUARD_CUDA_OK(expr) ::kdaguard::gputest::check_cuda((expr), #expr)
+
+// Runs launch(stream) captured into a CUDA graph on a stream of its own, replays the graph once
+// and waits for it (serving engines capture their steps this way). Returns launch's status, or
+// why the capture failed. The entry point must have been called once outside a capture (kda.h).
+template <class Launch> Status run_captured(Launch&& launch) {
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  const Status status = launch(stream);
+  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+  if (status.ok() && captured == cudaSuccess) {
+    cudaGraphExec_t exec = nullptr;
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    check_cuda(cudaStreamSynchronize(stream), "replay");
+    check_cuda(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+  }
+  if (graph != nullptr) check_cuda(cudaGraphDestroy(graph), "cudaGraphDestroy");
+  check_cuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  if (!status.ok()) return status;
+  if (captured != cudaSuccess)
+    return Status::failed(std::string("stream capture failed: ") + cudaGetErrorString(captured));
+  return Status::success();
+}
+
 // Cases per property, from KDAGUARD_GPU_CASES (the GPU report raises it, sanitizer runs lower it).
 inline int case_count(int fallback) {
   const char* text = std::getenv("KDAGUARD_GPU_CASES");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gen_problem.h"
+#include "gpu_support.h"
 #include "kdaguard/contracts/validate.h"
 #include "kdaguard/contracts/value_checks.h"
 #include "kdaguard/kda.h"
@@ -35,34 +36,15 @@ using reference::ErrorStats;
 using support::HostProblem;
 using support::ProblemSpec;
 
-bool have_sm90() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
-}
-
-#define REQUIRE_SM90() \
-  if (!have_sm90()) GTEST_SKIP() << "no sm_90 device"
-
-#define CUDA_OK(expr)                                                                   \
-  do {                                                                                  \
-    const cudaError_t e_ = (expr);                                                      \
-    if (e_ != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
-  } while (0)
-
 // Every allocation of a host problem mirrored in device memory.
 class DeviceCopy {
  public:
   explicit DeviceCopy(const HostProblem& hp) {
     for (const support::Allocation& a : hp.allocations) {
       void* d = nullptr;
-      CUDA_OK(cudaMalloc(&d, std::max<std::size_t>(a.bytes(), 1)));
+      KDAGUARD_CUDA_OK(cudaMalloc(&d, std::max<std::size_t>(a.bytes(), 1)));
       buffers_.push_back(d);
-      CUDA_OK(cudaMemcpy(d, a.data(), a.bytes(), cudaMemcpyHostToDevice));
+      KDAGUARD_CUDA_OK(cudaMemcpy(d, a.data(), a.bytes(), cudaMemcpyHostToDevice));
     }
   }
   DeviceCopy(const DeviceCopy&) = delete;
@@ -78,7 +60,7 @@ class DeviceCopy {
   void* buffer(std::size_t i) const { return buffers_[i]; }
   void download(HostProblem& hp) const {
     for (std::size_t i = 0; i < buffers_.size(); ++i)
-      CUDA_OK(cudaMemcpy(hp.allocations[i].data(), buffers_[i], hp.allocations[i].bytes(),
+      KDAGUARD_CUDA_OK(cudaMemcpy(hp.allocations[i].data(), buffers_[i], hp.allocations[i].bytes(),
                          cudaMemcpyDeviceToHost));
   }
 
@@ -89,14 +71,14 @@ class DeviceCopy {
 class DeviceWord {
  public:
   DeviceWord() {
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&word_), sizeof(unsigned long long)));
-    CUDA_OK(cudaMemset(word_, 0, sizeof(unsigned long long)));
+    KDAGUARD_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&word_), sizeof(unsigned long long)));
+    KDAGUARD_CUDA_OK(cudaMemset(word_, 0, sizeof(unsigned long long)));
   }
   ~DeviceWord() { cudaFree(word_); }
   unsigned long long* get() const { return word_; }
   std::uint64_t read() const {
     unsigned long long v = 0;
-    CUDA_OK(cudaMemcpy(&v, word_, sizeof v, cudaMemcpyDeviceToHost));
+    KDAGUARD_CUDA_OK(cudaMemcpy(&v, word_, sizeof v, cudaMemcpyDeviceToHost));
     return v;
   }
 
@@ -108,8 +90,8 @@ class DeviceWord {
 class DeviceGuardBuffers {
  public:
   explicit DeviceGuardBuffers(std::int64_t rows) : rows_(std::max<std::int64_t>(rows, 1)) {
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags_), rows_ * sizeof(std::int32_t)));
-    CUDA_OK(cudaMemset(flags_, 0, rows_ * sizeof(std::int32_t)));
+    KDAGUARD_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&flags_), rows_ * sizeof(std::int32_t)));
+    KDAGUARD_CUDA_OK(cudaMemset(flags_, 0, rows_ * sizeof(std::int32_t)));
   }
   ~DeviceGuardBuffers() { cudaFree(flags_); }
   DeviceGuardBuffers(const DeviceGuardBuffers&) = delete;
@@ -121,7 +103,7 @@ class DeviceGuardBuffers {
   }
   std::vector<std::int32_t> flags() const {
     std::vector<std::int32_t> f(static_cast<std::size_t>(rows_));
-    CUDA_OK(cudaMemcpy(f.data(), flags_, f.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    KDAGUARD_CUDA_OK(cudaMemcpy(f.data(), flags_, f.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
     return f;
   }
   DeviceWord error_word;
@@ -164,30 +146,6 @@ void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
 // prefill steps; the workspace then becomes the graph's own allocation).
 enum class Launch { direct, graph };
 
-// gpu::prefill on `stream`, captured into a graph and replayed once.
-Status prefill_through_graph(const PrefillCall& call, gpu::LaunchOptions options) {
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreate(&stream));
-  options.stream = stream;
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status status = gpu::prefill(call, options);
-  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
-  if (status.ok() && captured == cudaSuccess) {
-    cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    CUDA_OK(cudaGraphExecDestroy(exec));
-  }
-  if (graph != nullptr) CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
-  if (!status.ok()) return status;
-  if (captured != cudaSuccess)
-    return Status::failed(std::string("stream capture of gpu::prefill failed: ") + cudaGetErrorString(captured));
-  return Status::success();
-}
-
 // Runs the spec's prefill on the GPU and judges it against the f64 reference.
 Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct) {
   Judgement j;
@@ -204,13 +162,18 @@ Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch laun
   const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
   const PrefillCall& call = std::get<PrefillCall>(on_device);
   DeviceGuardBuffers guard(static_cast<std::int64_t>(spec.seq_lens.size()));
-  const Status status = launch == Launch::graph ? prefill_through_graph(call, guard.options())
-                                                : gpu::prefill(call, guard.options());
+  const auto prefill_on = [&](cudaStream_t stream) {
+    gpu::LaunchOptions options = guard.options();
+    options.stream = stream;
+    return gpu::prefill(call, options);
+  };
+  const Status status =
+      launch == Launch::graph ? gputest::run_captured(prefill_on) : prefill_on(nullptr);
   if (!status.ok()) {
     j.failure = "gpu::prefill did not run a generated (valid) call: " + to_string(status);
     return j;
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  KDAGUARD_CUDA_OK(cudaDeviceSynchronize());
   if (const std::uint64_t bits = guard.error_word.read(); bits != 0) {
     j.failure = fmt::format("error word {:#x} on a valid call", bits);
     return j;
@@ -290,7 +253,7 @@ const std::vector<std::int64_t> kEdgeLengths{0, 1, 15, 16, 17, 63, 64, 65};
 
 // Every (K, V), input dtype, gate form and state dtype over the chunk-edge lengths, GVA 1:2.
 TEST(PrefillGpu, EdgeLengthsEveryShape) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   std::uint64_t seed = 1;
   for (int K : {64, 128})
     for (int V : {64, 128})
@@ -309,7 +272,7 @@ TEST(PrefillGpu, EdgeLengthsEveryShape) {
 // Gates of -1000 per token (softplus a = +1000, activated g = -1000) at 30% of the elements:
 // only per-pair exponents stay finite.
 TEST(PrefillGpu, StrongDecays) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   std::uint64_t seed = 100;
   for (GateKind gate : {GateKind::softplus, GateKind::activated, GateKind::bounded})
     for (DType io : {DType::bf16, DType::f16}) {
@@ -322,7 +285,7 @@ TEST(PrefillGpu, StrongDecays) {
 
 // Long sequences, ragged around them, both gate forms.
 TEST(PrefillGpu, LongSequences) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   std::uint64_t seed = 200;
   {
     ProblemSpec s = prefill_spec({8197}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
@@ -344,7 +307,7 @@ TEST(PrefillGpu, LongSequences) {
 
 // One token in all; then a long call; then empty sequences only: nothing carries over.
 TEST(PrefillGpu, TinyThenLongThenEmpty) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   expect_conforms(prefill_spec({1}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 300);
   expect_conforms(prefill_spec({4100}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 301);
   expect_conforms(prefill_spec({0, 0, 0}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded), 302);
@@ -357,7 +320,7 @@ TEST(PrefillGpu, TinyThenLongThenEmpty) {
 // CUDA does not allow during a capture: a process's very first prefill, captured, fails with
 // cudaErrorStreamCaptureUnsupported, seen on the H200 on 2026-12-02).
 TEST(PrefillGpu, GraphCaptureAndReplay) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   std::vector<std::int64_t> lens = kEdgeLengths;
   lens.push_back(2100);
   const ProblemSpec chunked = prefill_spec(lens, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
@@ -373,7 +336,7 @@ TEST(PrefillGpu, GraphCaptureAndReplay) {
 // Random valid calls of every form the contracts accept (layouts, strides, pools, dtypes).
 // RC_PARAMS=max_success=N sets how many (RapidCheck's default: 100).
 TEST(PrefillGpu, RandomCallsMatchReference) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   const bool ok = rc::check("prefill on the GPU matches the f64 reference", [] {
     support::GenLimits limits;
     limits.max_seq_len = 200;
@@ -391,7 +354,7 @@ TEST(PrefillGpu, RandomCallsMatchReference) {
 // reported, the others run. Without the guard kernel the main kernels' own checks must still
 // skip and report an out-of-range slot.
 TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
-  REQUIRE_SM90();
+  KDAGUARD_SKIP_WITHOUT_GPU();
   for (DType io : {DType::bf16, DType::f32}) {
     ProblemSpec s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, io, DType::f32, GateKind::bounded);
     s.host_values = false;
@@ -409,7 +372,7 @@ TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
       DeviceCopy device(hp);
       for (std::size_t i = 0; i < hp.allocations.size(); ++i)
         if (hp.allocations[i].name() == "initial_state_indices")
-          CUDA_OK(cudaMemcpy(device.buffer(i), indices, sizeof indices, cudaMemcpyHostToDevice));
+          KDAGUARD_CUDA_OK(cudaMemcpy(device.buffer(i), indices, sizeof indices, cudaMemcpyHostToDevice));
       const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
       const PrefillCall& call = std::get<PrefillCall>(on_device);
       DeviceGuardBuffers guard(3);
@@ -417,9 +380,9 @@ TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
         const Status status = gpu::prefill(call, guard.options());
         EXPECT_TRUE(status.ok()) << to_string(status);
       } else {
-        CUDA_OK(gpu::detail::launch_prefill(lower(call), {guard.error_word.get(), nullptr}, nullptr));
+        KDAGUARD_CUDA_OK(gpu::detail::launch_prefill(lower(call), {guard.error_word.get(), nullptr}, nullptr));
       }
-      CUDA_OK(cudaDeviceSynchronize());
+      KDAGUARD_CUDA_OK(cudaDeviceSynchronize());
       bits = guard.error_word.read();
       flags = guard.flags();
       HostProblem after = support::materialize(s, 400);
