@@ -6,8 +6,9 @@
 // contiguous state), whose reductions are independent of each other. A lane's channels of k, q
 // and the decay are the same for every row of a head, so a warp prepares them once per head, in
 // registers (the norms are summed over the lane group). The work is the flat list of chunks
-// [row n][value head hv][chunk]; each warp of a persistent grid takes a contiguous share (shares
-// differ by one chunk at most) and walks it across head and row boundaries.
+// [row n][value head hv][chunk]; each warp takes a contiguous share (shares differ by one chunk at
+// most: about kChunksPerWarp, or the whole resident grid's equal shares for small batches) and
+// walks it across head and row boundaries.
 //
 // Loads: each warp owns a ring of kStages chunk buffers and two head-input buffers in shared
 // memory, filled by bulk copies (bulk_copy.cuh) that lane 0 issues kStages - 1 chunks ahead of the
