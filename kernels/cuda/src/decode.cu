@@ -95,7 +95,8 @@ __device__ __forceinline__ RowStatus decode_row(const DecodeParams& p, const Gua
   return r;
 }
 
-// The size of a dtype's element as the kernels use it (f32 or 16-bit).
+// The size of a dtype's element as the kernels use it (f32 or 16-bit): the device's twin of the
+// contracts' element_size, which is host-only (the contracts library includes no CUDA header).
 __device__ __forceinline__ std::uint32_t element_bytes(DType dtype) {
   return dtype == DType::f32 ? 4u : 2u;
 }
@@ -140,7 +141,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   const TokenInputs& in = p.in;
   const bool raw_gate = in.gate_kind != GateKind::activated;
   const bool copy_bias = raw_gate && in.dt_bias != nullptr;
-  const std::uint32_t io_row = K * sizeof(IO), gate_row = K * element_bytes(in.gate_dtype);
+  const std::uint32_t gate_element = element_bytes(in.gate_dtype);
+  const std::uint32_t io_row = K * sizeof(IO), gate_row = K * gate_element;
   const std::uint32_t head_bytes = 2 * io_row + gate_row + (copy_bias ? K * 4 : 0) + V * sizeof(IO);
   auto head_of = [&](const RowStatus& row, std::int32_t hv) {
     return pool + row.slot * p.state.slot_stride + static_cast<std::int64_t>(hv) * V * K;
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
                      io_row, bar);
           copy_async(dst.gate,
                      static_cast<const unsigned char*>(in.gate.data) +
-                         (n * in.gate.token_stride + hv * in.gate.head_stride) * element_bytes(in.gate_dtype),
+                         (n * in.gate.token_stride + hv * in.gate.head_stride) * gate_element,
                      gate_row, bar);
           if (copy_bias) copy_async(dst.dt_bias, in.dt_bias + hv * K, K * 4, bar);
           copy_async(dst.v, static_cast<const IO*>(in.v.data) + n * in.v.token_stride + hv * in.v.head_stride,
