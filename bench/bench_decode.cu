@@ -22,80 +22,34 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "bench_support.cuh"
 #include "kdaguard/kda.h"
 
 namespace {
 
 using kdaguard::DType;
 using kdaguard::TensorView;
-
-#define CHECK_CUDA(expr)                                                                       \
-  do {                                                                                         \
-    const cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));                  \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+using kdaguard::bench::CopyCeiling;
+using kdaguard::bench::DeviceBuffer;
+using kdaguard::bench::fill_uniform;
+using kdaguard::bench::hold_gpu;
 
 constexpr int kH = 32, kHV = 32, kK = 128, kV = 128;
 constexpr std::int64_t kRotateBytes = std::int64_t{512} << 20;  // > 8x the 60 MB L2
 
-// Hash noise in [lo, hi) (never zeros), as bf16 or f32.
-__global__ void fill_uniform(void* data, std::int64_t n, bool bf16, float lo, float hi,
-                             std::uint32_t seed) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    x *= 3266489917u;
-    x ^= x >> 16;
-    float u = lo + (hi - lo) * (static_cast<float>(x >> 8) + 0.5f) * (1.0f / 16777216.0f);
-    if (u == 0.f) u = hi;
-    if (bf16) {
-      const std::uint32_t bits = __float_as_uint(u);
-      static_cast<std::uint16_t*>(data)[i] =
-          static_cast<std::uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-    } else {
-      static_cast<float*>(data)[i] = u;
-    }
-  }
-}
-
-// Keeps the GPU busy for `ns` nanoseconds. Enqueued before a timed region's start event, it lets
-// the host validate and launch the call(s) while the GPU is still busy, so the events time the
-// device work of the calls, not the host's latency before the first one reaches the GPU.
-__global__ void hold_gpu(long long ns) {
-  long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-constexpr long long kHoldNs = 100000;  // longer than the host work of any single call here
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  std::size_t bytes = 0;
-  explicit DeviceBuffer(std::size_t n) : bytes(n) { CHECK_CUDA(cudaMalloc(&ptr, n)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
+// hold_gpu's time before every start event (bench_support.cuh): longer than the host work of any
+// single call here.
+constexpr long long kHoldNs = 100000;
 
 std::unique_ptr<DeviceBuffer> random_buffer(std::int64_t elements, DType t, float lo, float hi,
                                             std::uint32_t seed) {
   auto b = std::make_unique<DeviceBuffer>(elements * kdaguard::element_size(t));
-  fill_uniform<<<1024, 256>>>(b->ptr, elements, t == DType::bf16, lo, hi, seed);
-  CHECK_CUDA(cudaGetLastError());
+  fill_uniform(*b, elements, t, lo, hi, seed);
   return b;
 }
 
@@ -111,34 +65,15 @@ TensorView device_view(DType t, const std::vector<std::int64_t>& shape, const vo
 
 double g_copy_tbps = 0.0;
 
-double time_copy(void* dst, const void* src, std::size_t bytes, int reps) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    hold_gpu<<<1, 1>>>(kHoldNs);
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaEventRecord(a));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2] * 1e-3;
-}
+constexpr std::uint32_t kCopySeed = 7;  // the copy source's noise, in BM_CopyCeiling and main alike
 
 void BM_CopyCeiling(benchmark::State& state) {
-  const std::size_t bytes = std::size_t{2} << 30;
-  auto src = random_buffer(bytes / 4, DType::f32, -1.f, 1.f, 7);
-  DeviceBuffer dst(bytes);
-  time_copy(dst.ptr, src->ptr, bytes, 2);
+  const std::size_t bytes = CopyCeiling::kBytes;
+  const CopyCeiling copy(kCopySeed);
+  copy.median_seconds(2, kHoldNs);
   double total = 0;
   for (auto _ : state) {
-    const double s = time_copy(dst.ptr, src->ptr, bytes, 1);
+    const double s = copy.median_seconds(1, kHoldNs);
     state.SetIterationTime(s);
     total += s;
   }
@@ -405,7 +340,7 @@ BENCHMARK(BM_CopyCeiling)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode)
     ->ArgNames({"B", "bf16_state", "chunks_per_block"})
     ->ArgsProduct({{1, 8, 64, 128, 256, 512}, {0, 1}, {0}})
-    ->ArgsProduct({{64, 256}, {0, 1}, {4, 16}})
+    ->ArgsProduct({{64, 128, 256, 512}, {0, 1}, {4, 16, 32}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeGuarded)
@@ -439,11 +374,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   {
     // The ceiling first, so every counter can relate to it.
-    const std::size_t bytes = std::size_t{2} << 30;
-    auto src = random_buffer(bytes / 4, DType::f32, -1.f, 1.f, 7);
-    DeviceBuffer dst(bytes);
-    time_copy(dst.ptr, src->ptr, bytes, 3);
-    g_copy_tbps = 2.0 * bytes / time_copy(dst.ptr, src->ptr, bytes, 15) / 1e12;
+    const CopyCeiling copy(kCopySeed);
+    copy.median_seconds(3, kHoldNs);
+    g_copy_tbps = 2.0 * CopyCeiling::kBytes / copy.median_seconds(15, kHoldNs) / 1e12;
   }
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
