@@ -13,19 +13,18 @@
 // Loads: each warp owns a ring of kStages chunk buffers and two head-input buffers in shared
 // memory, filled by bulk copies (bulk_copy.cuh) that lane 0 issues kStages - 1 chunks ahead of the
 // chunk being computed; a head's q, k, gate, dt_bias and v rows arrive the same way when the issue
-// cursor enters the head. So about 6 KB per warp are in flight without holding registers, and a
+// cursor enters the head. So about 8 KB per warp are in flight without holding registers, and a
 // warp waits on memory only when the whole ring is behind. Launched with programmatic stream
 // serialisation, a call's blocks are resident when the previous kernel on the stream finishes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <climits>
 
-#include "dispatch.cuh"
-#include "launch.h"
 #include "bulk_copy.cuh"
+#include "dispatch.cuh"
+#include "kernel_residency.h"
+#include "launch.h"
 #include "recurrent.cuh"
 #include "warp_rows.cuh"
 
@@ -35,31 +34,45 @@ namespace {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 
-// Chunk buffers per warp: kStages - 1 chunks (6 KB) in flight while one is computed.
-constexpr int kStages = 4;
-constexpr int kMinBlocksPerSm = 4;
 // Chunks per warp when the batch has more than the resident grid can take in equal shares of
 // this size: the grid is then larger than resident and the block scheduler hands blocks to SMs as
-// they free up. Equal static shares of the whole call finish unevenly across SMs; measured on the
-// H200, f32 state (v6): B = 64 81.0 -> 78.7 us, B = 256 300.7 -> 290.7 us.
-constexpr int kChunksPerWarp = 16;
+// they free up. Equal static shares of the whole call finish unevenly across SMs; shorter shares
+// balance better until the ring's fill at each block's start weighs more. Measured on the H200,
+// f32 state, B = 64 / 128 / 256 / 512, % of the copy ceiling (session 10, bench/NOTES.md):
+// 8 chunks 83.1 / 87.9 / 91.4 / 92.9, 16 chunks 82.6 / 86.5 / 89.8 / 91.6, 32 chunks 78.2 / 83.5
+// / 85.9 / 87.9.
+constexpr int kChunksPerWarp = 8;
 
-// A head's inputs in shared memory, each row at a fixed offset (K, V <= 128, 4-byte elements at
-// most); dt_bias is copied only for raw gates that have one.
-struct HeadBuffer {
-  static constexpr int kRowBytes = 128 * 4;
-  unsigned char q[kRowBytes], k[kRowBytes], gate[kRowBytes], dt_bias[kRowBytes], v[kRowBytes];
+// Chunk buffers per warp: kStages - 1 chunks (8 KB) in flight while one is computed. Five fit
+// four blocks per SM when q, k and v are 16-bit (f32 inputs fit three). Measured against five
+// (session 10): four stages 0.4 to 1.0 points slower at B >= 64; six at three blocks per SM 0.7
+// points faster for f32 state at B >= 256 but slower below (B = 8: 55.5 against 62.4% of copy).
+constexpr int kStages = 5;
+constexpr int kMinBlocksPerSm = 4;
+
+// A head's inputs in shared memory, each row at a fixed offset (K, V <= 128): q, k and v in the
+// call's IO dtype, the gate in its own (f32 at most), dt_bias (f32) only for raw gates that have
+// one.
+template <class IO> struct HeadBuffer {
+  static constexpr int kIoRowBytes = 128 * static_cast<int>(sizeof(IO));
+  static constexpr int kF32RowBytes = 128 * 4;
+  alignas(16) unsigned char q[kIoRowBytes];
+  alignas(16) unsigned char k[kIoRowBytes];
+  alignas(16) unsigned char v[kIoRowBytes];
+  alignas(16) unsigned char gate[kF32RowBytes];
+  alignas(16) unsigned char dt_bias[kF32RowBytes];
 };
 
-template <class ST, int K> struct WarpRing {
-  static constexpr int kChunkBytes = WarpTile<ST, K>::kChunkRows * K * static_cast<int>(sizeof(ST));
-  static_assert(kChunkBytes == 4 * 512);
+// One warp's ring; 128-byte aligned so that every warp's buffers meet the bulk copies' 16-byte
+// alignment whatever the size of HeadBuffer<IO>.
+template <class IO> struct alignas(128) WarpRing {
+  static constexpr int kChunkBytes = 4 * 512;  // WarpTile's chunk for every state dtype and K
   unsigned char chunk[kStages][kChunkBytes];
-  HeadBuffer head[2];
+  HeadBuffer<IO> head[2];
   std::uint64_t chunk_ready[kStages];
   std::uint64_t head_ready[2];
 };
-template <class ST, int K> constexpr int kSharedBytes = kDecodeWarps * sizeof(WarpRing<ST, K>);
+template <class IO> constexpr int kSharedBytes = kDecodeWarps * sizeof(WarpRing<IO>);
 
 struct ChunkCursor {
   std::int32_t n, hv, c;
@@ -105,7 +118,8 @@ template <class IO, class ST, int K>
 __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
     decode_kernel(const DecodeParams p, const GuardState guard) {
   using Tile = WarpTile<ST, K>;
-  using Ring = WarpRing<ST, K>;
+  using Ring = WarpRing<IO>;
+  static_assert(Tile::kChunkRows * K * sizeof(ST) == Ring::kChunkBytes);
   extern __shared__ __align__(128) unsigned char shared[];
   wait_for_prior_grids();
   allow_next_grid();  // the next call's blocks may take free SM slots; they wait for this grid
@@ -153,6 +167,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   ChunkCursor issue_at = first;
   RowStatus issue_row = decode_row(p, guard, first.n);
   std::int64_t issued = begin;
+  int issue_stage = 0;  // the ring buffer of chunk `issued`: (issued - begin) % kStages
   std::uint32_t heads_issued = 0;
   float b_of_buffer[2] = {0.f, 0.f}, a_log_of_buffer[2] = {0.f, 0.f};  // indexed by selects
   auto issue = [&] {
@@ -170,7 +185,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
         (b == 0 ? b_of_buffer[0] : b_of_buffer[1]) = beta_in;
         (b == 0 ? a_log_of_buffer[0] : a_log_of_buffer[1]) = a_log;
         if (lane == 0) {
-          HeadBuffer& dst = ring.head[b];
+          HeadBuffer<IO>& dst = ring.head[b];
           std::uint64_t* bar = &ring.head_ready[b];
           expect_bytes(bar, head_bytes);
           copy_async(dst.q, static_cast<const IO*>(in.q.data) + n * in.q.token_stride + h * in.q.head_stride,
@@ -187,15 +202,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
         }
       }
       if (lane == 0) {
-        const int stage = static_cast<int>((issued - begin) % kStages);
-        expect_bytes(&ring.chunk_ready[stage], Ring::kChunkBytes);
-        copy_async(ring.chunk[stage],
+        expect_bytes(&ring.chunk_ready[issue_stage], Ring::kChunkBytes);
+        copy_async(ring.chunk[issue_stage],
                    head_of(issue_row, issue_at.hv) + static_cast<std::int64_t>(issue_at.c) * Tile::kChunkRows * K,
-                   Ring::kChunkBytes, &ring.chunk_ready[stage]);
+                   Ring::kChunkBytes, &ring.chunk_ready[issue_stage]);
       }
     }
     issue_at.advance(heads, chunks_per_head);
     ++issued;
+    if (++issue_stage == kStages) issue_stage = 0;
   };
 
   // Use side. Phases flip per wait: bit b of chunk_phase is stage b's, of head_phase buffer b's.
@@ -205,7 +220,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   const IO* head_v = nullptr;
   LaneToken<Tile::kPerVec> token;
   auto row_of = [&](int c, int r) { return c * Tile::kChunkRows + r * Tile::kRowsPerPass + row_in_pass; };
-  auto compute = [&](std::int64_t chunk) {
+  auto compute = [&](std::int64_t chunk, int stage) {
     if (use_at.n != use_row.n) use_row = decode_row(p, guard, use_at.n);
     if (use_row.skip) {
       if (use_row.faults != 0 && use_at.first_of_row() && lane == 0)
@@ -223,7 +238,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
       const std::uint32_t b = heads_used++ & 1u;
       wait_phase(&ring.head_ready[b], (head_phase >> b) & 1u);
       head_phase ^= 1u << b;
-      const HeadBuffer& src = ring.head[b];
+      const HeadBuffer<IO>& src = ring.head[b];
       LaneTokenInputs<Tile::kPerVec> x;
 #pragma unroll
       for (int i = 0; i < Tile::kPerVec; ++i) {
@@ -238,7 +253,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
       token = finish_lane_token<K, Tile::kPerVec, Tile::kLanes>(in, x);
       head_v = reinterpret_cast<const IO*>(src.v);
     }
-    const int stage = static_cast<int>((chunk - begin) % kStages);
     wait_phase(&ring.chunk_ready[stage], (chunk_phase >> stage) & 1u);
     chunk_phase ^= 1u << stage;
 
@@ -286,42 +300,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
   };
 
   for (int b = 0; b + 1 < kStages; ++b) issue();
+  int use_stage = 0;  // (chunk - begin) % kStages
   for (std::int64_t chunk = begin; chunk < end; ++chunk) {
     issue();
-    compute(chunk);
+    compute(chunk, use_stage);
     use_at.advance(heads, chunks_per_head);
+    if (++use_stage == kStages) use_stage = 0;
   }
-}
-
-// Readies decode_kernel<IO, ST, K> on the current device: allows its dynamic shared memory (beyond
-// the default 48 KB a launch needs this once per kernel and device) and counts the blocks resident
-// at once (0 when it cannot be told). Done on a device's first call, which therefore must not be
-// captured in a CUDA graph (kda.h says so).
-template <class IO, class ST, int K> cudaError_t ready_decode_kernel(int& resident) {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> known{};  // resident + 1; 0 = not yet readied
-  const auto kernel = decode_kernel<IO, ST, K>;
-  constexpr int kShared = kSharedBytes<ST, K>;
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (device < kMaxDevices && known[device].load(std::memory_order_relaxed) > 0) {
-    resident = known[device].load(std::memory_order_relaxed) - 1;
-    return cudaSuccess;
-  }
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDecodeThreads, kShared) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    per_sm = sms = 0;
-  }
-  resident = per_sm * sms;
-  if (device < kMaxDevices) known[device].store(resident + 1, std::memory_order_relaxed);
-  return cudaSuccess;
 }
 
 }  // namespace
@@ -331,17 +316,20 @@ cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_pe
   return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K,
                        [&]<class IO, class ST, int K>() -> cudaError_t {
                          using Tile = WarpTile<ST, K>;
-                         const auto kernel = decode_kernel<IO, ST, K>;
+                         constexpr auto kernel = decode_kernel<IO, ST, K>;
                          const int chunks_per_head = p.in.V / Tile::kChunkRows;
                          // A warp's two head buffers are refilled safely only when a head spans
-                         // at least kStages - 1 chunks (V = 64 has 4 at the most rows per chunk).
-                         if (p.in.V % Tile::kChunkRows != 0 || chunks_per_head < kStages - 1)
+                         // at least kStages - 1 chunks (the fewest: 4, V = 64 with bf16 state and
+                         // K = 64, 16 rows per chunk).
+                         if (p.in.V % Tile::kChunkRows != 0 ||
+                             chunks_per_head < kStages - 1)
                            return cudaErrorInvalidValue;
                          const std::int64_t chunks =
                              static_cast<std::int64_t>(p.batch) * p.in.HV * chunks_per_head;
                          if (chunks == 0) return cudaSuccess;
                          int resident = 0;
-                         if (const cudaError_t e = ready_decode_kernel<IO, ST, K>(resident);
+                         if (const cudaError_t e = ready_kernel<kernel>(
+                                 kDecodeThreads, kSharedBytes<IO>, resident);
                              e != cudaSuccess)
                            return e;
                          const int per_warp = chunks_per_block > 0 ? chunks_per_block : kChunksPerWarp;
@@ -355,7 +343,7 @@ cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_pe
                          cudaLaunchConfig_t config{};
                          config.gridDim = dim3(static_cast<unsigned>(blocks));
                          config.blockDim = dim3(kDecodeThreads);
-                         config.dynamicSmemBytes = kSharedBytes<ST, K>;
+                         config.dynamicSmemBytes = kSharedBytes<IO>;
                          config.stream = stream;
                          cudaLaunchAttribute attribute{};
                          attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

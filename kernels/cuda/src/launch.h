@@ -31,8 +31,9 @@ struct GuardExtras {
 int pick_chunks_per_block(std::int64_t rows, std::int32_t heads, std::int32_t chunks_per_head,
                           int requested);
 
-// Decode: chunks_per_block 0 launches the resident (persistent) grid, each warp walking an equal
-// share of the call's chunks; > 0 sizes the grid so each warp walks about that many.
+// Decode: chunks_per_block 0 sizes the grid so each warp walks about 8 chunks, or launches the
+// resident grid with equal shares when the batch has fewer; > 0 sizes the grid so each warp walks
+// about that many.
 //
 // Every launcher returns the launch's cudaError_t (cudaSuccess when there was nothing to do)
 // and never synchronises.

@@ -44,7 +44,7 @@ struct LaunchOptions {
   cudaStream_t stream = nullptr;
   DeviceGuard guard;
   // Tuning: chunks of state rows (64 bytes per thread each) that every decode warp or verify
-  // block walks, with the next chunk's loads in flight; 0 chooses (decode: about 16 per warp, or
+  // block walks, with the next chunk's loads in flight; 0 chooses (decode: about 8 per warp, or
   // equal shares over the resident grid when the batch is smaller; verify: from the grid size).
   // Results are identical for every choice.
   int chunks_per_block = 0;
