@@ -363,12 +363,15 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     prepared = t0;
   };
 
-  auto process = [&](const uint4 (&raw)[4], int chunk) {
+  // Rows of at most one batch of tokens (the usual draft lengths) prepare it once, before the
+  // chunk loop, so no chunk's rows or loads are live across a preparation: with bf16 state that
+  // halved the local-memory (spill) requests and made verify 1 to 4% faster (session 10).
+  auto process = [&]<bool kOneBatch>(const uint4 (&raw)[4], int chunk) {
     float s[Tile::kRows][16];
 #pragma unroll
     for (int r = 0; r < Tile::kRows; ++r) rows.unpack(raw, r, s[r]);
     for (int t0 = 0; t0 < length; t0 += kVerifyStepBatch) {
-      prepare(t0);
+      if constexpr (!kOneBatch) prepare(t0);
       const int steps = min(kVerifyStepBatch, length - t0);
       for (int step = 0; step < steps; ++step) {
         const std::int64_t dst = sm.dst[step];
@@ -390,7 +393,16 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       }
     }
   };
-  pipeline_chunks<ST, K>(rows, head, V, chunks, process);
+  if (length <= kVerifyStepBatch) {
+    prepare(0);
+    pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
+      process.template operator()<true>(raw, chunk);
+    });
+  } else {
+    pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
+      process.template operator()<false>(raw, chunk);
+    });
+  }
 }
 
 }  // namespace kdaguard::gpu::detail
