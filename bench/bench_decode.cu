@@ -314,6 +314,18 @@ void BM_Decode(benchmark::State& state) {
   run_timed(state, p, B <= 8 ? 20 : 1, 2.0 * B * p.slot_bytes);
 }
 
+// Args: B, state. Bursts of kBurstCalls back-to-back calls on different slot sets, timed as one:
+// the time per call of a steady stream of decodes (one per layer in a serving step), where each
+// call's launch overlaps the previous call's tail (programmatic dependent launch). BM_Decode's
+// single call also times one launch and ramp, about 3.5 us at B = 64 (ncu's kernel duration
+// there is 72.6 us against 76.2 us by events), which the stream pays once per burst.
+constexpr int kBurstCalls = 8;
+void BM_DecodeBurst(benchmark::State& state) {
+  const int B = static_cast<int>(state.range(0));
+  Problem& p = problem(Kind::decode, B, 1, state_dtype_arg(state.range(1)), true);
+  run_timed(state, p, kBurstCalls, 2.0 * B * p.slot_bytes);
+}
+
 // The same with no host copies: the guard kernel checks the indices on the device first.
 void BM_DecodeGuarded(benchmark::State& state) {
   const int B = static_cast<int>(state.range(0));
@@ -341,6 +353,11 @@ BENCHMARK(BM_Decode)
     ->ArgNames({"B", "bf16_state", "chunks_per_block"})
     ->ArgsProduct({{1, 8, 64, 128, 256, 512}, {0, 1}, {0}})
     ->ArgsProduct({{64, 128, 256, 512}, {0, 1}, {4, 16, 32}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeBurst)
+    ->ArgNames({"B", "bf16_state"})
+    ->ArgsProduct({{64, 128, 256, 512}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeGuarded)
