@@ -321,8 +321,7 @@ cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_pe
                          // A warp's two head buffers are refilled safely only when a head spans
                          // at least kStages - 1 chunks (the fewest: 4, V = 64 with bf16 state and
                          // K = 64, 16 rows per chunk).
-                         if (p.in.V % Tile::kChunkRows != 0 ||
-                             chunks_per_head < kStages - 1)
+                         if (p.in.V % Tile::kChunkRows != 0 || chunks_per_head < kStages - 1)
                            return cudaErrorInvalidValue;
                          const std::int64_t chunks =
                              static_cast<std::int64_t>(p.batch) * p.in.HV * chunks_per_head;
