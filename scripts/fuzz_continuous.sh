@@ -14,6 +14,10 @@
 # Work happens in FUZZ_BUILD/continuous/<target>/ (a growing work corpus, artifacts, logs); after
 # each target's turn, `-merge=1` copies into corpus/<target> only the inputs that add coverage.
 # Crashes do not stop the run (-ignore_crashes); they are listed at the end of each turn.
+#
+# Executions add up across runs in corpus/fuzz_executions.tsv (one line per target and preset:
+# executions, seconds, runs, findings; commit it with the corpus), so "no findings in N
+# executions" is a number anyone can read; each turn prints the totals.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${FUZZ_PRESET:-fuzz}
@@ -34,6 +38,40 @@ fi
 [ -d "$build" ] || cmake --preset "$preset"
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 
+ledger=corpus/fuzz_executions.tsv
+
+# Adds one turn of TARGET (its seconds, and how many artifacts earlier turns left) to the ledger:
+# the executions of the last status line of its log (fork mode's "#N:" counts every job's runs;
+# what ran after the last line is not counted) and its new findings; prints the totals.
+record_executions() {
+  local target=$1 work="$build/continuous/$1" elapsed=$2 known=$3
+  python3 - "$ledger" "$target" "$preset" "$work/fuzz.log" "$elapsed" "$work/artifacts" "$known" <<'PY'
+import os, re, sys
+ledger, target, preset, log, elapsed, artifacts, known = sys.argv[1:]
+text = open(log, errors="replace").read() if os.path.exists(log) else ""
+counts = re.findall(r"^#(\d+)", text, re.M)
+executions = int(counts[-1]) if counts else 0
+findings = (len(os.listdir(artifacts)) if os.path.isdir(artifacts) else 0) - int(known)
+header = "target\tpreset\texecutions\tseconds\truns\tfindings"
+rows = {}
+if os.path.exists(ledger):
+    for line in open(ledger).read().splitlines()[1:]:
+        f = line.split("\t")
+        if len(f) == 6:
+            rows[(f[0], f[1])] = [int(x) for x in f[2:]]
+total = rows.get((target, preset), [0, 0, 0, 0])
+total = [total[0] + executions, total[1] + int(elapsed), total[2] + 1, total[3] + findings]
+rows[(target, preset)] = total
+with open(ledger, "w") as out:
+    out.write(header + "\n")
+    for (t, p), v in sorted(rows.items()):
+        out.write("\t".join([t, p] + [str(x) for x in v]) + "\n")
+print(f"fuzz_continuous: {target} ({preset}): this turn {executions:,} executions, {findings} finding(s); "
+      f"in all {total[0]:,} executions in {total[1]:,} s over {total[2]} turn(s), {total[3]} finding(s) "
+      f"({ledger})")
+PY
+}
+
 merge_back() {
   local target=$1 work="$build/continuous/$1"
   local before after
@@ -50,8 +88,10 @@ while [ "$rounds" -eq 0 ] || [ "$round" -lt "$rounds" ]; do
     work="$build/continuous/$target"
     mkdir -p "$work/corpus" "$work/artifacts"
     echo "fuzz_continuous: round $round, $target, $jobs workers, $seconds s"
-    # Merge even when interrupted mid-run.
-    trap 'merge_back "$target"; exit 130' INT TERM
+    # Merge and count even when interrupted mid-run.
+    started=$(date +%s)
+    known=$(ls "$work/artifacts" | wc -l)  # findings of earlier turns
+    trap 'merge_back "$target"; record_executions "$target" $(( $(date +%s) - started )) "$known"; exit 130' INT TERM
     dict=() extra_seeds=()
     [ -f "fuzz/$target.dict" ] && dict=(-dict="fuzz/$target.dict")
     [ "$target" = fuzz_check_json ] && extra_seeds=(corpus/calls)  # kdaguard check's examples
@@ -61,6 +101,7 @@ while [ "$rounds" -eq 0 ] || [ "$round" -lt "$rounds" ]; do
       tee "$work/fuzz.log" | grep -aE '^#[0-9]+.*(pulse|DONE)|INFO: fuzzed for' || true
     trap - INT TERM
     merge_back "$target"
+    record_executions "$target" $(( $(date +%s) - started )) "$known"
     found=$(ls "$work/artifacts" 2>/dev/null | wc -l)
     [ "$found" -eq 0 ] || echo "fuzz_continuous: $target: $found finding(s) in $work/artifacts"
   done
