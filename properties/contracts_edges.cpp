@@ -1,0 +1,188 @@
+// Layouts and values one step past the edge of what a rule allows, drawn over generated valid
+// calls: the rule fires alone, on the right argument, with a message that shows the expected and
+// the actual value. The random edits of the soundness property rarely land exactly here (a
+// scratch row stride one vector short, a base 16 but not 32 bytes aligned, a repeated scratch
+// index), and mutation testing of the validators showed checks weakened at these edges going
+// unnoticed.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gen_calls.h"
+#include "kdaguard/contracts/validate.h"
+
+namespace kdaguard::support {
+namespace {
+
+TensorView& view(GeneratedCall& g, Arg a) { return **find_argument(g.call, a); }
+bool has(const GeneratedCall& g, Arg a) {
+  const OptionalView* v = find_argument(g.call, a);
+  return v != nullptr && v->has_value();
+}
+Arg pool_arg(const GeneratedCall& g) {
+  return entry_of(g.call) == Entry::prefill ? Arg::initial_state : Arg::state;
+}
+
+// The verdict holds exactly one violation, of `rule` on `argument`, whose message contains every
+// text in `texts`.
+void assert_only(const GeneratedCall& g, RuleId rule, std::string_view argument,
+                 const std::vector<std::string>& texts) {
+  const Verdict v = validate(g.call);
+  const auto context = [&] { return fmt::format("{}\n{}", describe(v), describe_call(g.call)); };
+  if (v.violations.size() != 1 || v.violations[0].rule != rule ||
+      v.violations[0].argument != argument)
+    RC_FAIL(fmt::format("expected {} on {} alone; got:\n{}", rule_id(rule), argument, context()));
+  for (const std::string& text : texts)
+    if (v.violations[0].message.find(text) == std::string::npos)
+      RC_FAIL(fmt::format("the message lacks \"{}\":\n{}", text, context()));
+}
+
+// A storage offset before the allocation's start, on any argument but the pools (whose base
+// alignment rule would see the offset too).
+RC_GTEST_PROP(ContractsEdges, NegativeStorageOffsetIsOutsideTheAllocation, ()) {
+  auto g = *gen_any_call();
+  std::vector<Arg> candidates;
+  for (int i = 0; i < kArgCount; ++i) {
+    const Arg a = static_cast<Arg>(i);
+    if (has(g, a) && a != Arg::state && a != Arg::initial_state && a != Arg::scratch)
+      candidates.push_back(a);
+  }
+  RC_PRE(!candidates.empty());
+  const Arg a = *rc::gen::elementOf(candidates);
+  TensorView& t = view(g, a);
+  // Whole 16-byte vectors, so the data address keeps its alignment.
+  t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 5) * (16 / element_size(t.dtype));
+  assert_only(g, RuleId::arg_extent, arg_name(a),
+              {std::string(arg_name(a)), fmt::format("storage_offset {}", t.storage_offset.count)});
+}
+
+// Scratch rows that do not flatten into steps: stride[0] below T_alloc * stride[1] (rows overlap,
+// down to 0) or above it.
+RC_GTEST_PROP(ContractsEdges, ScratchRowStrideOffTheFlatLayout, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e, PlanNeeds{.min_scratch_rows = 2});
+  TensorView& s = view(g, Arg::scratch);
+  RC_PRE(s.shape[0] >= 2);
+  const std::int64_t flat = s.shape[1] * s.stride[1];
+  const std::int64_t step = *rc::gen::inRange<std::int64_t>(1, flat / 16 + 1);
+  s.stride[0] = *rc::gen::arbitrary<bool>() ? std::max<std::int64_t>(flat - 16 * step, 0)
+                                           : flat + 16 * step;
+  // A longer row stride spans more than the allocation drawn for the valid call: give the scratch
+  // an allocation of its own, of unknown size, at a fresh address.
+  s.address = kFakeAddressBase + kFakeAddressPitch * 4096;
+  s.storage_size.reset();
+  assert_only(g, RuleId::verify_scratch_layout, "scratch",
+              {fmt::format("= {}", flat), fmt::format("got {}", s.stride[0])});
+}
+
+// Output heads laid over each other with positive strides: a head stride smaller than V.
+RC_GTEST_PROP(ContractsEdges, OutputHeadsOverlapWithPositiveStrides, ()) {
+  const Entry e = *gen_entry(0b0111);
+  auto g = *gen_call(e, PlanNeeds{.min_tokens = 1, .min_heads_ratio = 2});
+  TensorView& out = view(g, Arg::out);
+  RC_PRE(out.shape[0] >= 1 && out.shape[1] >= 2);
+  const std::int64_t unit = 16 / element_size(out.dtype);  // keeps the 16-byte stride alignment
+  out.stride[1] = unit * *rc::gen::inRange<std::int64_t>(0, out.shape[2] / unit);
+  assert_only(g, RuleId::arg_stride, "out",
+              {"maps two elements to one address", fmt::format("{}, 1)", out.stride[1])});
+}
+
+// One inner stride of the pool wrong, the others compact: each on its own is the rule.
+RC_GTEST_PROP(ContractsEdges, OneWrongInnerStrideOfThePool, ()) {
+  auto g = *gen_any_call();
+  const Arg a = pool_arg(g);
+  TensorView& p = view(g, a);
+  const std::int64_t V = p.shape[2], K = p.shape[3];
+  const int dim = *rc::gen::inRange(1, 4);
+  // Smaller than compact, so the pool spans no more memory than the valid one.
+  const std::int64_t wrong = dim == 1 ? V * K - 16 : dim == 2 ? K - 16 : 0;
+  p.stride[dim] = wrong;
+  std::vector<std::string> texts = {
+      fmt::format("(V*K, K, 1)=({}, {}, 1)", V * K, K),
+      fmt::format("got ({}, {}, {})", p.stride[1], p.stride[2], p.stride[3]),
+      std::string(arg_name(a))};
+  if (dim == 3) texts.push_back(fmt::format("`{}` must be contiguous in the last dim.", arg_name(a)));
+  assert_only(g, RuleId::state_inner_strides, arg_name(a), texts);
+}
+
+// A pool base 16 but not 32 bytes aligned: through the storage offset, or through the address.
+RC_GTEST_PROP(ContractsEdges, PoolBaseSixteenButNotThirtyTwoAligned, ()) {
+  auto g = *gen_any_call();
+  const Arg a = pool_arg(g);
+  TensorView& p = view(g, a);
+  const std::int64_t esize = element_size(p.dtype);
+  const bool through_offset = *rc::gen::arbitrary<bool>();
+  // An allocation of its own at a fresh 32-byte aligned address, so nothing else can overlap it.
+  p.address = kFakeAddressBase + kFakeAddressPitch * 4096;
+  p.storage_size.reset();
+  if (through_offset) p.storage_offset.count += 16 / esize;
+  else p.address += 16;
+  const std::uint64_t data = p.address + static_cast<std::uint64_t>(p.storage_offset.count * esize);
+  assert_only(g, RuleId::state_base_align, arg_name(a),
+              {fmt::format("base byte offset {}", p.storage_offset.count * esize),
+               fmt::format("{:#x}", data), "multiple of 32"});
+}
+
+// The scratch laid over the state pool: an output overlapping another argument.
+RC_GTEST_PROP(ContractsEdges, ScratchOverTheState, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e);
+  TensorView& state = view(g, Arg::state);
+  TensorView& scratch = view(g, Arg::scratch);
+  RC_PRE(state.numel() > 0 && scratch.numel() > 0);
+  state.address = scratch.address = kFakeAddressBase + kFakeAddressPitch * 4096;
+  state.storage_offset.count = scratch.storage_offset.count = 0;  // both from the same byte
+  state.storage_size.reset();
+  scratch.storage_size.reset();
+  // Commit writes both: a pair of outputs is reported once, on the first in argument order.
+  assert_only(g, RuleId::alias_overlap, e == Entry::commit ? "state" : "scratch",
+              {"output", "state", "scratch"});
+}
+
+// Host copies of an index tensor's values with more (or fewer) values than it has elements.
+RC_GTEST_PROP(ContractsEdges, HostValuesOfTheWrongCount, ()) {
+  auto g = *gen_any_call(PlanNeeds{.index_values = true});
+  std::vector<Arg> with_values;
+  for (int i = 0; i < kArgCount; ++i) {
+    const Arg a = static_cast<Arg>(i);
+    // The row map's values are read only without scratch_indices.
+    const bool read = a != Arg::scratch_row_map || !has(g, Arg::scratch_indices);
+    if (has(g, a) && view(g, a).values && read) with_values.push_back(a);
+  }
+  RC_PRE(!with_values.empty());
+  const Arg a = *rc::gen::elementOf(with_values);
+  TensorView& t = view(g, a);
+  std::vector<std::int64_t>& values = *t.values;
+  if (values.empty() || *rc::gen::arbitrary<bool>()) {
+    const auto extra = *rc::gen::inRange<std::size_t>(1, 4);
+    values.insert(values.end(), extra, values.empty() ? 0 : values.back());
+  } else {
+    values.pop_back();
+  }
+  assert_only(g, RuleId::arg_shape, arg_name(a),
+              {fmt::format("carries {} host values", values.size()),
+               fmt::format("has {} elements", t.numel())});
+}
+
+// Explicit scratch indices that are not a permutation: one step written twice.
+RC_GTEST_PROP(ContractsEdges, ScratchIndicesNamingOneStepTwice, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e, PlanNeeds{.index_values = true, .explicit_scratch_indices = true});
+  TensorView& t = view(g, Arg::scratch_indices);
+  std::vector<std::int64_t>& values = *t.values;
+  std::vector<std::size_t> written;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] >= 0) written.push_back(i);
+  RC_PRE(written.size() >= 2);
+  const auto first = *rc::gen::inRange<std::size_t>(0, written.size() - 1);
+  const auto second = *rc::gen::inRange<std::size_t>(first + 1, written.size());
+  values[written[second]] = values[written[first]];
+  assert_only(g, RuleId::index_unique, "scratch_indices",
+              {fmt::format("scratch_indices[{}] = {}", written[second], values[written[first]])});
+}
+
+}  // namespace
+}  // namespace kdaguard::support
