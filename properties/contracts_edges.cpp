@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -182,6 +184,66 @@ RC_GTEST_PROP(ContractsEdges, ScratchIndicesNamingOneStepTwice, ()) {
   values[written[second]] = values[written[first]];
   assert_only(g, RuleId::index_unique, "scratch_indices",
               {fmt::format("scratch_indices[{}] = {}", written[second], values[written[first]])});
+}
+
+// A slot map entry one or more past the pool: index.range names the entry, its value and the
+// allowed range.
+RC_GTEST_PROP(ContractsEdges, SlotPastThePool, ()) {
+  auto g = *gen_any_call(PlanNeeds{.min_active_rows = 1, .index_values = true});
+  const Entry e = entry_of(g.call);
+  const Arg a = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
+  const std::int64_t S = view(g, pool_arg(g)).shape[0];
+  std::vector<std::int64_t>& values = *view(g, a).values;
+  std::vector<std::size_t> active;
+  for (std::size_t i = 0; i < values.size() && i < static_cast<std::size_t>(g.plan.rows()); ++i)
+    if (values[i] >= 0) active.push_back(i);
+  RC_PRE(!active.empty());
+  const std::size_t i = *rc::gen::elementOf(active);
+  values[i] = S + *rc::gen::inRange<std::int64_t>(0, 4);
+  assert_only(g, RuleId::index_range, arg_name(a),
+              {fmt::format("{}[{}] = {} is outside [{}, {})", arg_name(a), i, values[i],
+                           e == Entry::prefill ? 0 : -1, S)});
+}
+
+// A first offset below 0 (prefill: rows have no length limit, so nothing else breaks).
+RC_GTEST_PROP(ContractsEdges, CuSeqlensStartingBelowZero, ()) {
+  auto g = *gen_call(Entry::prefill, PlanNeeds{.min_rows = 1, .index_values = true});
+  std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
+  cu[0] = -*rc::gen::inRange<std::int64_t>(1, 100);
+  assert_only(g, RuleId::seqlens_start, "cu_seqlens", {fmt::format("got {}", cu[0])});
+}
+
+// Two faults in one argument: rows short of q and a wrong width. Both are reported.
+RC_GTEST_PROP(ContractsEdges, GateRowsShortAndWidthWrong, ()) {
+  const Entry e = *gen_entry(0b0111);
+  auto g = *gen_call(e, PlanNeeds{.min_tokens = 1});
+  const Arg a = has(g, Arg::a) ? Arg::a : Arg::g;
+  TensorView& t = view(g, a);
+  const std::int64_t rows = view(g, Arg::q).shape[0];
+  const std::int64_t K = t.shape[2];
+  t.shape[0] = rows - 1;
+  t.shape[2] = K == 64 ? 128 : 64;
+  t.storage_size.reset();
+  t.address = kFakeAddressBase + kFakeAddressPitch * 4096;
+  const Verdict v = validate(g.call);
+  RC_ASSERT(v.violations.size() == 2u);
+  RC_ASSERT(v.violations[0].rule == RuleId::arg_shape);
+  RC_ASSERT(v.violations[0].message.find(fmt::format("dim 2 must be K = {}; got {}", K, t.shape[2])) !=
+            std::string::npos);
+  RC_ASSERT(v.violations[1].rule == RuleId::gate_cover_tokens);
+}
+
+// A decode of INT64_MAX rows: cu_seqlens must have B + 1 entries, which saturates instead of
+// wrapping (and q itself reaches past 64-bit arithmetic).
+RC_GTEST_PROP(ContractsEdges, DecodeRowCountAtTheLimit, ()) {
+  auto g = *gen_call(Entry::decode, PlanNeeds{.cu_seqlens = true});
+  view(g, Arg::q).shape[0] = std::numeric_limits<std::int64_t>::max();
+  const Verdict v = validate(g.call);
+  const auto cu = std::find_if(v.violations.begin(), v.violations.end(), [](const Violation& x) {
+    return x.rule == RuleId::arg_shape && x.argument == "cu_seqlens";
+  });
+  RC_ASSERT(cu != v.violations.end());
+  RC_ASSERT(cu->message.find("B+1 = 9223372036854775807") != std::string::npos);
 }
 
 }  // namespace
