@@ -11,6 +11,9 @@
 #     RC_CASES       RapidCheck cases per property (default 1000)
 #     FUZZ_SECONDS   seconds of fuzzing per target (default 120)
 #     FUZZ_JOBS      targets fuzzed at once (default: as many as there are cores, at most 3)
+#     MUTANTS        mutants of the validators to judge (scripts/mutation_test.py; default 0: none;
+#                    about 10 s each on 2 cores), MUTATION_SEED (default: the clock, a fresh
+#                    sample each run) and MUTATION_FILES (default validate.cpp and value_checks.h)
 #
 # Fuzzing writes new inputs to REPORT_DIR/fuzz/<target>/corpus (corpus/<target> is read, never
 # written; scripts/fuzz_continuous.sh merges into it). Exit status 1 when a property fails or a
@@ -98,6 +101,22 @@ for target in "${targets[@]}"; do
 done
 wait
 
+# ---- mutation testing of the validators ----------------------------------------------------------
+mutants=${MUTANTS:-0}
+rm -f "$report_dir/mutation.json" "$report_dir/mutation.md"
+if [ "$mutants" -gt 0 ]; then
+  seed=${MUTATION_SEED:-$(date +%s)}
+  read -r -a mutation_files <<<"${MUTATION_FILES:-contracts/src/validate.cpp contracts/include/kdaguard/contracts/value_checks.h}"
+  echo "== mutation testing: $mutants mutants of ${mutation_files[*]} (seed $seed)"
+  if command -v mutate >/dev/null 2>&1; then
+    python3 scripts/mutation_test.py --sample "$mutants" --seed "$seed" --build build-mutation \
+      --report "$report_dir/mutation.md" --json "$report_dir/mutation.json" "${mutation_files[@]}" |
+      grep -E '^mutation_test|survived' || status=1
+  else
+    echo "  universalmutator is not installed (pip install universalmutator==1.14.1): skipped"
+  fi
+fi
+
 # ---- report --------------------------------------------------------------------------------------
 report="$report_dir/harness.md"
 python3 - "$report_dir" "$build" "$rc_cases" "$fuzz_seconds" "$(( $(date +%s) - started ))" "${targets[@]}" >"$report" <<'EOF'
@@ -175,6 +194,14 @@ for t in targets:
     out.append(f"| {t} | {stat('number_of_executed_units')} | {stat('average_exec_per_sec')} | {cov} | {ft} "
                f"| {new_inputs} | {found} |")
 out.append("")
+mutation = os.path.join(report_dir, "mutation.json")
+if os.path.exists(mutation):
+    m = json.load(open(mutation))
+    out.append(f"**Mutation testing** of {', '.join(m['files'])} (seed {m['seed']}, {m['sampled']} of "
+               f"{m['generated']} mutants): {m['killed']} killed, {m['survived']} survived, "
+               f"{m['equivalent']} equivalent, {m['invalid']} not compiling; score "
+               f"{100 * m['score']:.1f}% of the non-equivalent ones (table: {report_dir}/mutation.md).")
+    out.append("")
 if findings:
     out.append("**Findings**:")
     for t, found, d in findings:
