@@ -19,7 +19,9 @@ ln -s "$repo" "$scratch/src/kdaguard"
 
 flags="-O1 -fno-omit-frame-pointer -gline-tables-only -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION \
 -fsanitize=address -fsanitize-address-use-after-scope -fsanitize=fuzzer-no-link"
-cd "$scratch/src/kdaguard"
+# Physically: through the link, CMake would map the repository onto the link's path inside the
+# build tree and back, without end, when the scratch dir lies inside the repository.
+cd -P "$scratch/src/kdaguard"
 env CC="$cc" CXX="$cxx" CFLAGS="$flags" CXXFLAGS="$flags" LIB_FUZZING_ENGINE=-fsanitize=fuzzer \
   SANITIZER=address FUZZING_ENGINE=libfuzzer ARCHITECTURE=x86_64 \
   SRC="$scratch/src" WORK="$scratch/work" OUT="$scratch/out" \
