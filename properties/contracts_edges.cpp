@@ -246,5 +246,36 @@ RC_GTEST_PROP(ContractsEdges, DecodeRowCountAtTheLimit, ()) {
   RC_ASSERT(cu->message.find("B+1 = 9223372036854775807") != std::string::npos);
 }
 
+// Committing tokens of a row that holds none: a row of length 0 is a known length, not an
+// unknown one.
+RC_GTEST_PROP(ContractsEdges, AcceptedTokensOfAnEmptyRow, ()) {
+  auto g = *gen_call(Entry::commit, PlanNeeds{.min_rows = 1, .cu_seqlens = true, .index_values = true,
+                                              .explicit_scratch_indices = false});
+  std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
+  std::vector<std::int64_t>& accepted = *view(g, Arg::accepted).values;
+  std::vector<std::size_t> empty;
+  for (std::size_t n = 0; n + 1 < cu.size() && n < accepted.size(); ++n)
+    if (cu[n + 1] == cu[n]) empty.push_back(n);
+  RC_PRE(!empty.empty());
+  const std::size_t n = *rc::gen::elementOf(empty);
+  const std::int64_t T = *std::get<CommitCall>(g.call).scalars.draft_token_num;
+  accepted[n] = *rc::gen::inRange<std::int64_t>(1, T + 1);
+  assert_only(g, RuleId::commit_accepted, "accepted",
+              {fmt::format("accepted[{}] = {} is past row {}'s length 0", n, accepted[n], n)});
+}
+
+// Several negative strides: the first is reported, by its dim.
+RC_GTEST_PROP(ContractsEdges, FirstOfSeveralNegativeStrides, ()) {
+  auto g = *gen_call(*gen_entry(0b0111), PlanNeeds{.min_tokens = 1});
+  const Arg a = *rc::gen::elementOf(std::vector<Arg>{Arg::q, Arg::k, Arg::v, Arg::out});
+  TensorView& t = view(g, a);
+  const int first = *rc::gen::inRange(0, t.rank - 1);
+  const int second = *rc::gen::inRange(first + 1, t.rank);
+  t.stride[first] = -*rc::gen::inRange<std::int64_t>(1, 1000);
+  t.stride[second] = -*rc::gen::inRange<std::int64_t>(1, 1000);
+  assert_only(g, RuleId::arg_stride, arg_name(a),
+              {fmt::format("negative stride {} in dim {}", t.stride[first], first)});
+}
+
 }  // namespace
 }  // namespace kdaguard::support

@@ -120,5 +120,18 @@ RC_GTEST_PROP(ContractsMessages, SeedRulesKeepTheUpstreamWording, ()) {
     RC_FAIL(fmt::format("seed {}: expected {} with \"{}\":\n{}", seed, rule_id(rule), want, describe(v)));
 }
 
+// Deferred value rules of one argument come in catalogue order, so a device guard or a log can
+// rely on it.
+RC_GTEST_PROP(ContractsMessages, DeferredChecksOfAnArgumentComeInCatalogueOrder, ()) {
+  const auto g = *gen_any_call();
+  const Verdict v = validate(g.call);
+  RC_ASSERT(v.accepted());
+  for (std::size_t i = 0; i < v.deferred.size(); ++i)
+    for (std::size_t j = i + 1; j < v.deferred.size(); ++j)
+      if (v.deferred[i].argument == v.deferred[j].argument && !(v.deferred[i].rule < v.deferred[j].rule))
+        RC_FAIL(fmt::format("{} deferred after {} on {}", rule_id(v.deferred[j].rule),
+                            rule_id(v.deferred[i].rule), v.deferred[i].argument));
+}
+
 }  // namespace
 }  // namespace kdaguard::support
