@@ -257,7 +257,9 @@ def write_report(mutants: list[Mutant], args, total: int, elapsed: float) -> dic
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(text)
     summary = {"seed": args.seed, "sampled": len(mutants), "generated": total, **counts,
-               "score": score, "seconds": round(elapsed, 1), "files": args.files}
+               "score": score, "seconds": round(elapsed, 1), "files": args.files,
+               "mutants": [{"file": m.file, "line": m.line, "number": m.number, "change": m.change(),
+                            "outcome": m.outcome, "why": m.detail} for m in mutants]}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -278,6 +280,8 @@ def main() -> int:
     p.add_argument("--json", help="JSON summary (default BUILD/summary.json)")
     p.add_argument("--max-minutes", type=float, default=0,
                    help="stop judging after this long and report the mutants judged (0: no limit)")
+    p.add_argument("--positions", help="judge only these 1-based positions of the seeded sample "
+                   "(as the progress lines number them), e.g. to re-judge survivors: 7,19,28")
     p.add_argument("--list", action="store_true", help="print the sample and stop")
     args = p.parse_args()
     work = Path(args.build).resolve()
@@ -292,6 +296,8 @@ def main() -> int:
     shutil.rmtree(work / "mutants", ignore_errors=True)
     everything = generate_mutants(src, args.files, work)
     sample = random.Random(args.seed).sample(everything, min(args.sample, len(everything)))
+    if args.positions:
+        sample = [sample[int(p) - 1] for p in args.positions.split(",")]
     if args.list:
         for m in sample:
             print(f"{m.file}:{m.line}: {m.change()}")
