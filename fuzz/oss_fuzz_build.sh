@@ -30,15 +30,27 @@ targets=()
 for src in "$repo"/fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
+# zip_corpus ARCHIVE DIR...: every file of the DIRs at the archive's top level (python3, which
+# OSS-Fuzz's image and scripts/setup.sh both have; zip need not be installed).
+zip_corpus() {
+  python3 - "$@" <<'PY'
+import os, sys, zipfile
+archive, *dirs = sys.argv[1:]
+with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+    for d in dirs:
+        for name in sorted(os.listdir(d)):
+            if os.path.isfile(os.path.join(d, name)) and name != "EXPECTED.tsv":
+                z.write(os.path.join(d, name), name)
+PY
+}
+
 mkdir -p "$OUT"
 for target in "${targets[@]}"; do
   cp "$build/fuzz/$target" "$OUT/$target"
-  rm -f "$OUT/${target}_seed_corpus.zip"
-  (cd "$repo/corpus/$target" && zip -q -r "$OUT/${target}_seed_corpus.zip" .)
-  # kdaguard check's example calls seed the JSON target too.
-  if [ "$target" = fuzz_check_json ]; then
-    (cd "$repo/corpus/calls" && zip -q -r "$OUT/${target}_seed_corpus.zip" . -x EXPECTED.tsv)
-  fi
+  seeds=("$repo/corpus/$target")
+  # kdaguard check's example calls seed the JSON target too (not their expected verdicts).
+  if [ "$target" = fuzz_check_json ]; then seeds+=("$repo/corpus/calls"); fi
+  zip_corpus "$OUT/${target}_seed_corpus.zip" "${seeds[@]}"
   if [ -f "$repo/fuzz/$target.dict" ]; then cp "$repo/fuzz/$target.dict" "$OUT/$target.dict"; fi
 done
 echo "oss_fuzz_build: ${targets[*]} -> $OUT"

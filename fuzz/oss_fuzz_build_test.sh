@@ -38,7 +38,7 @@ for src in "$repo"/fuzz/fuzz_*.cpp; do
     continue
   fi
   mkdir -p "$corpus"
-  unzip -q "$scratch/out/${target}_seed_corpus.zip" -d "$corpus"
+  python3 -m zipfile -e "$scratch/out/${target}_seed_corpus.zip" "$corpus"
   inputs=$(find "$corpus" -type f | wc -l)
   dict=()
   if [ -f "$scratch/out/$target.dict" ]; then dict=(-dict="$scratch/out/$target.dict"); fi
