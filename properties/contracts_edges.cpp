@@ -277,5 +277,39 @@ RC_GTEST_PROP(ContractsEdges, FirstOfSeveralNegativeStrides, ()) {
               {fmt::format("negative stride {} in dim {}", t.stride[first], first)});
 }
 
+// An allocation that ends before the view's last element: the message has both numbers.
+RC_GTEST_PROP(ContractsEdges, AllocationEndingBeforeTheLastElement, ()) {
+  auto g = *gen_any_call();
+  std::vector<Arg> candidates;
+  for (int i = 0; i < kArgCount; ++i)
+    if (has(g, static_cast<Arg>(i)) && view(g, static_cast<Arg>(i)).numel() > 0)
+      candidates.push_back(static_cast<Arg>(i));
+  RC_PRE(!candidates.empty());
+  const Arg a = *rc::gen::elementOf(candidates);
+  TensorView& t = view(g, a);
+  std::int64_t last = t.storage_offset.count;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  const std::int64_t size = last + 1 - *rc::gen::inRange<std::int64_t>(1, last + 2);
+  t.storage_size = Elements{size};
+  assert_only(g, RuleId::arg_extent, arg_name(a),
+              {fmt::format("reaches element {} of its allocation, which holds {} elements", last, size)});
+}
+
+// An index map of a floating dtype: the message names the dtypes the argument allows.
+RC_GTEST_PROP(ContractsEdges, IndexMapOfAFloatingDtype, ()) {
+  auto g = *gen_any_call();
+  const Entry e = entry_of(g.call);
+  std::vector<Arg> maps;
+  for (Arg a : {Arg::cache_indices, Arg::initial_state_indices, Arg::cu_seqlens, Arg::scratch_row_map,
+                Arg::accepted})
+    if (has(g, a)) maps.push_back(a);
+  RC_PRE(!maps.empty());
+  const Arg a = *rc::gen::elementOf(maps);
+  view(g, a).dtype = DType::f32;  // the size of i32: layout and extent stay as they were
+  const bool wide = a == Arg::cu_seqlens && e == Entry::prefill;
+  assert_only(g, RuleId::arg_dtype, arg_name(a),
+              {fmt::format("{} has dtype f32; expected {}", arg_name(a), wide ? "i32 or i64" : "i32")});
+}
+
 }  // namespace
 }  // namespace kdaguard::support
