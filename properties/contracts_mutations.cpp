@@ -36,7 +36,7 @@ void mutation_breaks(RuleId rule) {
                           entry_name(e), rule_id(rule), describe(verdict)));
 }
 
-#define KDAGUARD_RULE(ident, id, tier, entries, meaning) \
+#define KDAGUARD_RULE(ident, id, tier, entries, inputs, meaning) \
   RC_GTEST_PROP(ContractsMutations, ident, ()) { mutation_breaks(RuleId::ident); }
 #include "kdaguard/contracts/rule_list.inc"
 #undef KDAGUARD_RULE

@@ -1,6 +1,9 @@
 #include "kdaguard/contracts/rules.h"
 
 #include <array>
+#include <cstdlib>
+
+#include "kdaguard/contracts/row_rules.h"
 
 namespace kdaguard {
 namespace {
@@ -9,9 +12,19 @@ using namespace entry_masks;
 constexpr Tier meta = Tier::meta;
 constexpr Tier value = Tier::value;
 
+// The value-inputs column of rule_list.inc.
+namespace reads {
+constexpr std::uint32_t cache_indices = arg_bit(Arg::cache_indices);
+constexpr std::uint32_t initial_state_indices = arg_bit(Arg::initial_state_indices);
+constexpr std::uint32_t cu_seqlens = arg_bit(Arg::cu_seqlens);
+constexpr std::uint32_t scratch_row_map = arg_bit(Arg::scratch_row_map);
+constexpr std::uint32_t scratch_indices = arg_bit(Arg::scratch_indices);
+constexpr std::uint32_t accepted = arg_bit(Arg::accepted);
+}  // namespace reads
+
 constexpr std::array kCatalogue = {
-#define KDAGUARD_RULE(ident, id, tier, entries, meaning) \
-  RuleInfo{RuleId::ident, id, tier, entries, meaning},
+#define KDAGUARD_RULE(ident, id, tier, entries, inputs, meaning) \
+  RuleInfo{RuleId::ident, id, tier, entries, inputs, meaning},
 #include "kdaguard/contracts/rule_list.inc"
 #undef KDAGUARD_RULE
 };
@@ -24,6 +37,27 @@ constexpr bool catalogue_in_enum_order() {
 }
 static_assert(catalogue_in_enum_order());
 static_assert(kCatalogue.size() <= 64, "the device guard's error word has one bit per rule");
+
+// Value rules read index values, meta rules none.
+constexpr bool inputs_match_tiers() {
+  for (const RuleInfo& r : kCatalogue)
+    if ((r.tier == Tier::value) != (r.value_inputs != 0)) return false;
+  return true;
+}
+static_assert(inputs_match_tiers());
+
+// row_rules.h's rule sets are the catalogue's value rules of each entry point.
+constexpr std::uint64_t value_rules_of(Entry e) {
+  std::uint64_t mask = 0;
+  for (const RuleInfo& r : kCatalogue)
+    if (r.tier == Tier::value && (r.entry_mask & entry_bit(e)) != 0)
+      mask |= std::uint64_t{1} << static_cast<unsigned>(r.rule);
+  return mask;
+}
+static_assert(value_rules_of(Entry::decode) == row_rules::kDecodeRules);
+static_assert(value_rules_of(Entry::prefill) == row_rules::kPrefillRules);
+static_assert(value_rules_of(Entry::verify) == row_rules::kVerifyRules);
+static_assert(value_rules_of(Entry::commit) == row_rules::kCommitRules);
 
 }  // namespace
 
@@ -55,6 +89,16 @@ std::optional<RuleId> rule_from_id(std::string_view id) {
   for (const RuleInfo& info : kCatalogue)
     if (info.id == id) return info.rule;
   return std::nullopt;
+}
+
+std::uint64_t enabled_rules() {
+#ifdef KDAGUARD_ENABLE_KNOCKOUT
+  // Test-only build: pretend one rule's checks were removed (scripts/knockout.sh). Read on every
+  // call, so a test process may switch the rule.
+  if (const char* id = std::getenv("KDAGUARD_KNOCKOUT_RULE"))
+    if (const auto rule = rule_from_id(id)) return ~value_checks::rule_bit(*rule);
+#endif
+  return ~std::uint64_t{0};
 }
 
 }  // namespace kdaguard

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/contracts/row_rules.h"
 
 namespace kdaguard {
 namespace {
@@ -51,16 +51,13 @@ int argument_order(std::string_view argument) {
 
 class Report {
  public:
-  Report() {
-#ifdef KDAGUARD_ENABLE_KNOCKOUT
-    // Test-only build: pretend one rule's check was removed (scripts/knockout.sh).
-    if (const char* id = std::getenv("KDAGUARD_KNOCKOUT_RULE")) knocked_out_ = rule_from_id(id);
-#endif
+  // enabled_rules(): every rule, but one in a knockout build (scripts/knockout.sh).
+  Report() : enabled_(enabled_rules()) {
     verdict_.deferred.reserve(8);  // a call without host values defers a handful of value rules
   }
 
   void add(RuleId rule, std::string_view argument, std::string message) {
-    if (knocked_out_ == rule) return;
+    if ((enabled_ & value_checks::rule_bit(rule)) == 0) return;
     verdict_.violations.push_back({rule, argument, std::move(message)});
   }
   void defer(RuleId rule, std::string_view argument) {
@@ -97,7 +94,7 @@ class Report {
   }
 
   Verdict verdict_;
-  std::optional<RuleId> knocked_out_;
+  std::uint64_t enabled_;
 };
 
 // The dims a view really holds: a rank outside [0, kMaxRank] is reported, never indexed with.
@@ -774,207 +771,222 @@ void check_aliasing(const Context& ctx, Report& r) {
 // Value rules
 // ------------------------------------------------------------------------------------------------
 
-// The host copy of an index tensor's values when the tensor is sound and the copy matches it;
-// otherwise the value rules are deferred (or, with a mismatched copy, reported).
-const std::vector<i64>* host_values(const Context& ctx, Arg a, std::span<const RuleId> rules,
-                                    Report& r) {
+// The value rules are row_rules.h's row functions, the same code the kernels run; this part only
+// reads the host copies of the index values, derives what it defers from the rule table and
+// words a message for every rule a row breaks.
+
+using row_rules::HostIndex;
+using row_rules::Mask;
+
+// The host copy of an index tensor's values when the tensor is sound, the copy matches it (a
+// mismatched copy is reported) and it holds at least `needed` entries; otherwise not known.
+HostIndex host_index(const Context& ctx, Arg a, i64 needed, Report& r) {
   const TensorView* t = ctx.view(a);
-  if (t == nullptr || !ctx.is_sound(a)) return nullptr;
-  if (!t->values) {
-    for (RuleId rule : rules) r.defer(rule, arg_name(a));
-    return nullptr;
-  }
+  if (t == nullptr || !ctx.is_sound(a) || !t->values) return {};
   if (static_cast<i64>(t->values->size()) != t->numel()) {
     r.add(RuleId::arg_shape, arg_name(a),
           fmt::format("{} carries {} host values; the view has {} elements", arg_name(a),
                       t->values->size(), t->numel()));
-    return nullptr;
+    return {};
   }
-  return &*t->values;
+  if (needed < 0 || static_cast<i64>(t->values->size()) < needed) return {};
+  return {t->values->data(), t->rank == 2 ? t->shape[1] : 0, true};
 }
 
-// index.range and index.unique over the first `rows` entries of a slot map.
-void check_slot_map(std::span<const i64> entries, std::string_view name, i64 num_slots,
-                    bool padding_allowed, Report& r) {
-  // (slot, row) of every active in-range entry; sorted, a repeat is any entry after the first of
-  // its slot. One sort instead of a hash set: this runs per call on the serving path, and a node
-  // allocation per row cost ~50 ns a row at B = 512.
-  std::vector<std::pair<i64, std::size_t>> active;
-  active.reserve(entries.size());
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const i64 slot = entries[i];
-    if (!padding_allowed && slot == -1) {
-      r.add(RuleId::index_padding, name,
-            fmt::format("{}[{}] is -1, but padding rows are not allowed here", name, i));
-      continue;
-    }
-    if (!value_checks::slot_in_range(slot, num_slots, padding_allowed)) {
-      r.add(RuleId::index_range,
-            name,
-            fmt::format("{}[{}] = {} is outside [{}, {})", name, i, slot, padding_allowed ? -1 : 0,
-                        num_slots));
-      continue;
-    }
-    if (value_checks::is_active(slot)) active.emplace_back(slot, i);
-  }
+// Every value rule of the entry point that reads `a` is deferred to the device when `a` is given
+// without host values (the rule table's value-inputs column).
+void defer_without_values(const Context& ctx, Arg a, Report& r) {
+  const TensorView* t = ctx.view(a);
+  if (t == nullptr || !ctx.is_sound(a) || t->values) return;
+  for (const RuleInfo& rule : rule_catalogue())
+    if (rule.tier == Tier::value && rule.applies_to(ctx.entry) && rule.reads(a))
+      r.defer(rule.rule, arg_name(a));
+}
+
+bool fired(Mask faults, RuleId rule) { return (faults & value_checks::rule_bit(rule)) != 0; }
+
+// index.unique over the entries of a slot map that are value_checks::unique_candidate: sorted,
+// a repeat is any entry after the first of its slot. One sort instead of a hash set: this runs
+// per call on the serving path, and a node allocation per row cost ~50 ns a row at B = 512.
+void check_unique(const HostIndex& entries, i64 count, std::string_view name, i64 num_slots,
+                  Report& r) {
+  if (!entries.known()) return;
+  std::vector<std::pair<i64, i64>> active;  // (slot, entry)
+  active.reserve(static_cast<std::size_t>(count));
+  for (i64 i = 0; i < count; ++i)
+    if (value_checks::unique_candidate(entries[i], num_slots)) active.emplace_back(entries[i], i);
   std::sort(active.begin(), active.end());
-  std::vector<std::size_t> repeats;
+  std::vector<i64> repeats;
   for (std::size_t j = 1; j < active.size(); ++j)
     if (active[j].first == active[j - 1].first) repeats.push_back(active[j].second);
-  std::sort(repeats.begin(), repeats.end());  // reported in row order
-  for (const std::size_t i : repeats)
+  std::sort(repeats.begin(), repeats.end());  // reported in entry order
+  for (const i64 i : repeats)
     r.add(RuleId::index_unique, name,
           fmt::format("{}[{}] = {} names a slot an earlier row already uses", name, i, entries[i]));
 }
 
-// The value rules each index tensor is subject to, deferred together when its values are absent.
-constexpr std::array kDecodeSeqlensRules = {RuleId::decode_one_token};
-constexpr std::array kRowMapRules = {RuleId::verify_row_map_identity};
-constexpr std::array kAcceptedRules = {RuleId::commit_accepted};
+// The facts a message quotes, gathered from whichever entry point's rows.
+struct RowContext {
+  std::string_view slot_map_name;
+  HostIndex slots, cu, row_map, scratch_indices, accepted;
+  i64 rows = 0, num_slots = 0, scratch_slots = 0, draft_tokens = 0;
+  std::optional<i64> total_tokens;  // T_tot (not for commit)
+  bool padding_allowed = true;
+};
 
-void check_values(const Context& ctx, Report& r) {
-  const Dims& d = ctx.dims;
-  const Entry e = ctx.entry;
-  const i64 rows = d.N.value_or(-1);
-
-  // cu_seqlens.
-  std::optional<std::vector<i64>> row_lengths;
-  if (e == Entry::decode) {
-    if (const auto* cu = host_values(ctx, Arg::cu_seqlens, kDecodeSeqlensRules, r)) {
-      for (std::size_t i = 0; i < cu->size(); ++i) {
-        if ((*cu)[i] != static_cast<i64>(i)) {
-          r.add(RuleId::decode_one_token, "cu_seqlens",
-                fmt::format("decode takes one token per request: cu_seqlens must be 0, 1, ..., "
-                            "B; cu_seqlens[{}] = {}",
-                            i, (*cu)[i]));
-          break;
-        }
-      }
-    }
-  } else {
-    static constexpr std::array kCommitSeqlensRules = {
-        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::verify_row_length};
-    static constexpr std::array kVerifySeqlensRules = {
-        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::seqlens_total,
-        RuleId::verify_row_length};
-    static constexpr std::array kPrefillSeqlensRules = {
-        RuleId::seqlens_start, RuleId::seqlens_monotone, RuleId::seqlens_total};
-    const std::span<const RuleId> rules = e == Entry::commit   ? std::span<const RuleId>(kCommitSeqlensRules)
-                                          : e == Entry::verify ? std::span<const RuleId>(kVerifySeqlensRules)
-                                                               : std::span<const RuleId>(kPrefillSeqlensRules);
-    if (const auto* cu = host_values(ctx, Arg::cu_seqlens, rules, r); cu && !cu->empty()) {
-      bool monotone = true;
-      if ((*cu)[0] != 0)
-        r.add(RuleId::seqlens_start, "cu_seqlens",
-              fmt::format("cu_seqlens[0] must be 0; got {}", (*cu)[0]));
-      for (std::size_t i = 0; i + 1 < cu->size(); ++i) {
-        if (!value_checks::seqlens_step_ok((*cu)[i], (*cu)[i + 1])) {
-          r.add(RuleId::seqlens_monotone, "cu_seqlens",
-                fmt::format("cu_seqlens decreases: cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", i,
-                            (*cu)[i], i + 1, (*cu)[i + 1]));
-          monotone = false;
-          break;
-        }
-      }
-      if (e != Entry::commit && d.rows && cu->back() != *d.rows)
-        r.add(RuleId::seqlens_total, "cu_seqlens",
-              fmt::format("cu_seqlens[N] must equal T_tot = {} (the rows of q); got {}", *d.rows,
-                          cu->back()));
-      if (monotone) {
-        row_lengths.emplace();
-        for (std::size_t i = 0; i + 1 < cu->size(); ++i) {
-          i64 length = 0;  // offsets never decrease here, but may span more than int64 holds
-          if (__builtin_sub_overflow((*cu)[i + 1], (*cu)[i], &length))
-            length = std::numeric_limits<i64>::max();
-          row_lengths->push_back(length);
-        }
-      }
-      // An invalid T is verify.draft_tokens' to report; row lengths are judged against a valid one.
-      if (monotone && (e == Entry::verify || e == Entry::commit) && d.T && *d.T >= 1) {
-        for (std::size_t n = 0; n < row_lengths->size(); ++n) {
-          if (!value_checks::row_length_ok(0, (*row_lengths)[n], *d.T)) {
-            r.add(RuleId::verify_row_length, "cu_seqlens",
-                  fmt::format("verify row {} holds {} tokens; at most T = {}", n,
-                              (*row_lengths)[n], *d.T));
-            break;
-          }
-        }
-      }
+// The messages of every rule in `faults` for row n (n < 0: the call's single offset). Rules
+// quoted per entry (index.range, index.padding, commit.accepted) are reported for every row;
+// the others once per call, for the first row that breaks them (`reported`).
+void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report& r) {
+  auto once = [&](RuleId rule) {
+    if (!fired(faults, rule) || fired(reported, rule)) return false;
+    reported |= value_checks::rule_bit(rule);
+    return true;
+  };
+  if (n >= 0 && c.slots.known()) {
+    const i64 slot = c.slots[n];
+    const Mask slot_fault = row_rules::slot_faults(slot, c.num_slots, c.padding_allowed);
+    if (fired(faults & slot_fault, RuleId::index_padding))  // index.padding
+      r.add(RuleId::index_padding, c.slot_map_name,
+            fmt::format("{}[{}] is -1, but padding rows are not allowed here", c.slot_map_name, n));
+    if (fired(faults & slot_fault, RuleId::index_range))  // index.range
+      r.add(RuleId::index_range, c.slot_map_name,
+            fmt::format("{}[{}] = {} is outside [{}, {})", c.slot_map_name, n, slot,
+                        c.padding_allowed ? -1 : 0, c.num_slots));
+  }
+  if (n >= 0 && c.scratch_indices.known() && fired(faults, RuleId::index_range)) {
+    for (i64 t = 0; t < c.draft_tokens; ++t) {  // index.range
+      const i64 entry = c.scratch_indices.at(n, t);
+      if (row_rules::slot_faults(entry, c.scratch_slots, true) != 0)
+        r.add(RuleId::index_range, "scratch_indices",
+              fmt::format("scratch_indices[{}, {}] = {} is outside [-1, {})", n, t, entry,
+                          c.scratch_slots));
     }
   }
-
-  // Committed slots.
-  const Arg slot_map = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
-  const bool padding_allowed = e != Entry::prefill;
-  static constexpr std::array kPaddedSlotRules = {RuleId::index_range, RuleId::index_unique};
-  static constexpr std::array kUnpaddedSlotRules = {RuleId::index_range, RuleId::index_unique,
-                                                    RuleId::index_padding};
-  const std::span<const RuleId> slot_rules =
-      padding_allowed ? std::span<const RuleId>(kPaddedSlotRules)
-                      : std::span<const RuleId>(kUnpaddedSlotRules);
-  const std::vector<i64>* slots_of_rows = nullptr;
-  if (const auto* values = host_values(ctx, slot_map, slot_rules, r); values && rows >= 0 &&
-      d.slots && static_cast<i64>(values->size()) >= rows) {
-    slots_of_rows = values;
-    check_slot_map(std::span(values->data(), rows), arg_name(slot_map), *d.slots,
-                   padding_allowed, r);
-  }
-
-  if (e != Entry::verify && e != Entry::commit) return;
-
-  // Scratch addressing: explicit indices, or the identity row map.
-  const std::vector<i64>* scratch_indices = nullptr;
-  if (ctx.has(Arg::scratch_indices)) {
-    if (const auto* values = host_values(ctx, Arg::scratch_indices, kPaddedSlotRules, r);
-        values && d.scratch_rows && d.scratch_steps) {
-      scratch_indices = values;
-      check_slot_map(*values, "scratch_indices",
-                     saturating_mul(*d.scratch_rows, *d.scratch_steps), true, r);
-    }
-  } else if (const auto* map = host_values(ctx, Arg::scratch_row_map, kRowMapRules, r);
-             map && rows >= 0 && static_cast<i64>(map->size()) >= rows) {
-    for (i64 n = 0; n < rows; ++n) {
-      if (!value_checks::row_map_entry_ok(n, (*map)[n])) {
-        r.add(RuleId::verify_row_map_identity, "scratch_row_map",
-              fmt::format("KDA verify requires an identity intermediate row-map when "
-                          "scratch_indices is absent: scratch_row_map[{}] = {}, expected {} "
-                          "(pass scratch_indices to use a permuted map)",
-                          n, (*map)[n], n));
+  if (once(RuleId::seqlens_start))  // seqlens.start
+    r.add(RuleId::seqlens_start, "cu_seqlens",
+          fmt::format("cu_seqlens[0] must be 0; got {}", c.cu[0]));
+  if (once(RuleId::seqlens_monotone)) {  // seqlens.monotone: some offset decreases
+    for (i64 i = 0; i < c.rows; ++i) {
+      if (c.cu[i + 1] < c.cu[i]) {
+        r.add(RuleId::seqlens_monotone, "cu_seqlens",
+              fmt::format("cu_seqlens decreases: cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", i,
+                          c.cu[i], i + 1, c.cu[i + 1]));
         break;
       }
     }
   }
+  if (once(RuleId::seqlens_total))  // seqlens.total
+    r.add(RuleId::seqlens_total, "cu_seqlens",
+          fmt::format("cu_seqlens[N] must equal T_tot = {} (the rows of q); got {}",
+                      c.total_tokens.value_or(-1), c.cu[c.rows]));
+  if (once(RuleId::decode_one_token)) {  // decode.one_token
+    const i64 i = n < 0 || c.cu[n] != n ? std::max<i64>(n, 0) : n + 1;
+    r.add(RuleId::decode_one_token, "cu_seqlens",
+          fmt::format("decode takes one token per request: cu_seqlens must be 0, 1, ..., B; "
+                      "cu_seqlens[{}] = {}",
+                      i, c.cu[i]));
+  }
+  if (once(RuleId::verify_row_length))  // verify.row_length
+    r.add(RuleId::verify_row_length, "cu_seqlens",
+          fmt::format("verify row {} holds {} tokens; at most T = {}", n, c.cu[n + 1] - c.cu[n],
+                      c.draft_tokens));
+  if (once(RuleId::verify_row_map_identity))  // verify.row_map_identity
+    r.add(RuleId::verify_row_map_identity, "scratch_row_map",
+          fmt::format("KDA verify requires an identity intermediate row-map when scratch_indices "
+                      "is absent: scratch_row_map[{}] = {}, expected {} for a row that is not "
+                      "padding (pass scratch_indices to use a permuted map)",
+                      n, c.row_map[n], n));
+  if (n >= 0 && fired(faults, RuleId::commit_accepted)) {  // commit.accepted
+    const i64 a = c.accepted[n];
+    i64 length = -1;
+    if (c.cu.known())
+      if (const auto s = row_rules::row_span(c.cu, c.rows, n, -1); s.judged) length = s.end - s.begin;
+    if (a < 0 || a > c.draft_tokens)
+      r.add(RuleId::commit_accepted, "accepted",
+            fmt::format("accepted[{}] = {} is outside [0, T = {}]", n, a, c.draft_tokens));
+    else if (length >= 0 && a > length)
+      r.add(RuleId::commit_accepted, "accepted",
+            fmt::format("accepted[{}] = {} is past row {}'s length {}", n, a, n, length));
+    else
+      r.add(RuleId::commit_accepted, "accepted",
+            fmt::format("accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] "
+                        "is -1 (that step was not written)",
+                        n, a, a - 1, n, n, a - 1));
+  }
+}
 
-  if (e != Entry::commit) return;
-  if (const auto* accepted = host_values(ctx, Arg::accepted, kAcceptedRules, r);
-      accepted && d.T && *d.T >= 1) {
-    bool deferred_skipped_steps = false;
-    for (std::size_t n = 0; n < accepted->size(); ++n) {
-      const i64 a = (*accepted)[n];
-      const i64 length = row_lengths && n < row_lengths->size() ? (*row_lengths)[n] : -1;
-      if (!value_checks::accepted_ok(a, *d.T, length)) {
-        r.add(RuleId::commit_accepted, "accepted",
-              length >= 0 && a >= 0 && a <= *d.T
-                  ? fmt::format("accepted[{}] = {} is past row {}'s length {}", n, a, n, length)
-                  : fmt::format("accepted[{}] = {} is outside [0, T = {}]", n, a, *d.T));
-        continue;
-      }
-      const bool names_skipped_step =
-          a > 0 && scratch_indices &&
-          (*scratch_indices)[n * static_cast<std::size_t>(*d.T) + (a - 1)] < 0;
-      if (!names_skipped_step) continue;
-      // Only an active row reads its step; whether it is active needs cache_indices' values.
-      if (!slots_of_rows) {
-        if (!deferred_skipped_steps) r.defer(RuleId::commit_accepted, "accepted");
-        deferred_skipped_steps = true;
-        continue;
-      }
-      if (value_checks::is_active((*slots_of_rows)[n]))
-        r.add(RuleId::commit_accepted, "accepted",
-              fmt::format("accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] "
-                          "is -1 (that step was not written)",
-                          n, a, a - 1, n, n, a - 1));
-    }
+// Judges every row with the entry point's row function, then the cross-row index.unique.
+template <class Rows>
+void judge_rows(const Rows& rows, const RowContext& c, Report& r) {
+  // Rows are only judged on known values, and a known index holds an entry per row: this bounds
+  // the loop for absurd row counts.
+  if (!c.slots.known() && !c.cu.known() && !c.row_map.known() && !c.scratch_indices.known() &&
+      !c.accepted.known())
+    return;
+  Mask reported = 0;
+  if (const Mask call = row_rules::call_faults(rows); call != 0)
+    report_row(c, -1, call, reported, r);
+  for (i64 n = 0; n < rows.rows; ++n)
+    if (const Mask faults = row_rules::row_faults(rows, n); faults != 0)
+      report_row(c, n, faults, reported, r);
+  check_unique(c.slots, c.rows, c.slot_map_name, c.num_slots, r);
+}
+
+void check_values(const Context& ctx, Report& r) {
+  const Dims& d = ctx.dims;
+  const Entry e = ctx.entry;
+  const bool verify_like = e == Entry::verify || e == Entry::commit;
+  const Arg slot_map = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
+  // The row map is read only without scratch_indices.
+  const bool row_map_read = verify_like && !ctx.has(Arg::scratch_indices);
+  for (Arg a : {Arg::cu_seqlens, slot_map, Arg::scratch_indices, Arg::accepted})
+    defer_without_values(ctx, a, r);
+  if (row_map_read) defer_without_values(ctx, Arg::scratch_row_map, r);
+
+  const i64 N = d.N.value_or(-1);
+  if (N < 0) return;
+  // An invalid T is verify.draft_tokens' to report; rows are judged against a valid one only.
+  const i64 T = d.T && *d.T >= 1 ? *d.T : 0;
+  RowContext c;
+  c.slot_map_name = arg_name(slot_map);
+  c.rows = N;
+  c.num_slots = d.slots.value_or(-1);
+  c.padding_allowed = e != Entry::prefill;
+  c.draft_tokens = T;
+  c.total_tokens = e == Entry::commit ? std::nullopt : d.rows;
+  c.cu = host_index(ctx, Arg::cu_seqlens, saturating_add(N, 1), r);
+  c.slots = d.slots ? host_index(ctx, slot_map, N, r) : HostIndex{};
+  if (verify_like) {
+    if (d.scratch_rows && d.scratch_steps && T >= 1)
+      c.scratch_indices = host_index(ctx, Arg::scratch_indices, saturating_mul(N, T), r);
+    c.scratch_slots = d.scratch_rows && d.scratch_steps
+                          ? saturating_mul(*d.scratch_rows, *d.scratch_steps) : 0;
+    if (row_map_read) c.row_map = host_index(ctx, Arg::scratch_row_map, N, r);
+  }
+  switch (e) {
+    case Entry::decode:
+      judge_rows(row_rules::DecodeRows<HostIndex>{N, c.num_slots, c.slots, c.cu}, c, r);
+      break;
+    case Entry::prefill:
+      if (!d.rows) return;
+      judge_rows(row_rules::PrefillRows<HostIndex>{N, *d.rows, c.num_slots, c.cu, c.slots}, c, r);
+      break;
+    case Entry::verify:
+      if (!d.rows) return;
+      judge_rows(row_rules::VerifyRows<HostIndex>{N, *d.rows, T, c.num_slots, c.scratch_slots,
+                                                  c.cu, c.slots, c.row_map, c.scratch_indices},
+                 c, r);
+      check_unique(c.scratch_indices, saturating_mul(N, T), "scratch_indices", c.scratch_slots, r);
+      break;
+    case Entry::commit:
+      c.accepted = host_index(ctx, Arg::accepted, N, r);
+      judge_rows(row_rules::CommitRows<HostIndex>{N, T, c.num_slots, c.scratch_slots, c.cu,
+                                                  c.slots, c.row_map, c.scratch_indices,
+                                                  c.accepted},
+                 c, r);
+      check_unique(c.scratch_indices, saturating_mul(N, T), "scratch_indices", c.scratch_slots, r);
+      break;
   }
 }
 

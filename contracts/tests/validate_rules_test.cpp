@@ -360,10 +360,67 @@ TEST(Validate, CommitOfASkippedStepIsDeferredWithoutCacheIndexValues) {
   c.cache_indices->values.reset();
   const Verdict v = validate(c);
   EXPECT_TRUE(v.accepted()) << describe(v);
+  // Deferred for the argument whose values are missing (the rule table: commit.accepted reads
+  // cache_indices).
   int deferred = 0;
   for (const DeferredCheck& d : v.deferred)
-    deferred += d.rule == RuleId::commit_accepted && d.argument == "accepted";
+    deferred += d.rule == RuleId::commit_accepted && d.argument == "cache_indices";
   EXPECT_EQ(deferred, 1);
+}
+
+}  // namespace
+}  // namespace kdaguard
+
+namespace kdaguard {
+namespace {
+
+using namespace examples;
+
+std::set<RuleId> fired_rules(const Verdict& v) {
+  std::set<RuleId> rules;
+  for (const Violation& x : v.violations) rules.insert(x.rule);
+  return rules;
+}
+
+// row_rules.h's semantics: an ordered cu_seqlens whose rows run past the tokens breaks
+// seqlens.total alone (not seqlens.monotone), whichever row first leaves the tokens.
+TEST(ValueSemantics, OffsetsPastTheTokensAreTheTotal) {
+  auto c = prefill();
+  c.cu_seqlens->values = {{0, 5, 6, 15}};  // T_tot = 10: rows 1 and 2 end past it
+  EXPECT_EQ(fired_rules(validate(c)), (std::set<RuleId>{RuleId::seqlens_total}));
+}
+
+// The rows beside a decreasing offset are judged by seqlens.monotone alone: their lengths mean
+// nothing, so a verify row made long by the broken offset is not verify.row_length.
+TEST(ValueSemantics, RowsBesideADecreaseAreMonotoneOnly) {
+  auto c = verify();
+  c.cu_seqlens->values = {{0, 4, 9, 7}};  // T = 4: row 1 [4, 9) is 5 long, beside the decrease
+  c.q->shape[0] = c.k->shape[0] = c.v->shape[0] = c.out->shape[0] = 7;
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), (std::set<RuleId>{RuleId::seqlens_monotone})) << describe(v);
+}
+
+// verify.row_map_identity exempts padding rows (cache index -1): they write no scratch, and
+// engines pad the map past the pool for them.
+TEST(ValueSemantics, PaddingRowsMayHaveAnyRowMapEntry) {
+  auto c = verify();  // row 1 is padding
+  c.scratch_row_map->values = {{0, 77, 2, 3}};
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+  c.scratch_row_map->values = {{0, 1, 0, 3}};  // row 2 is not padding
+  EXPECT_EQ(fired_rules(validate(c)), (std::set<RuleId>{RuleId::verify_row_map_identity}));
+  auto k = commit();
+  k.scratch_row_map->values = {{0, 77, 2, 3}};
+  EXPECT_TRUE(validate(k).accepted()) << describe(validate(k));
+}
+
+// A call without rows: its single offset must still be 0 and T_tot.
+TEST(ValueSemantics, ACallWithoutRowsJudgesItsOffset) {
+  auto c = prefill();
+  c.cu_seqlens = index_view({3});
+  c.initial_state_indices = index_view({});
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::seqlens_start)) << describe(v);
+  EXPECT_TRUE(v.breaks(RuleId::seqlens_total)) << describe(v);
 }
 
 }  // namespace

@@ -453,10 +453,10 @@ void row_longer_than_draft(GeneratedCall& g, Chooser& c) {
   g.plan.row_lengths[c.pick(0, g.plan.rows() - 1)] = g.plan.T + c.pick(1, 2);
   rebuild(g);
 }
+// A padding row writes no scratch, so its map entry is free: the mutation moves an active row's.
 void row_map_not_identity(GeneratedCall& g, Chooser& c) {
   auto& map = values_of(g, Arg::scratch_row_map);
-  const i64 r = c.pick(0, g.plan.rows() - 1);
-  map[r] += c.pick(1, 3);
+  map[active_row(g.plan, 0)] += c.pick(1, 3);
 }
 void scratch_indices_wrong_form(GeneratedCall& g, Chooser& c) {
   TensorView& t = present(g, Arg::scratch_indices);
@@ -582,7 +582,7 @@ std::vector<Mutation> make_table() {
       {R::verify_row_length, "a row longer than T", kVC, true,
        with_values(PlanNeeds{.min_rows = 1, .cu_seqlens = true}), row_longer_than_draft},
       {R::verify_row_map_identity, "permuted row map without scratch_indices", kVC, true,
-       with_values(PlanNeeds{.min_rows = 1, .explicit_scratch_indices = false}),
+       with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = false}),
        row_map_not_identity},
       {R::verify_scratch_indices, "scratch_indices in i64 or [N, T+1]", kVC, true,
        PlanNeeds{.explicit_scratch_indices = true}, scratch_indices_wrong_form},

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "device_common.cuh"
-#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/contracts/row_rules.h"
 #include "kdaguard/params.h"
 #include "launch.h"
 
@@ -36,18 +36,13 @@ struct Sequence {
   bool runs = false;
 };
 
-// The value rules sequence n breaks on its own: its offsets and its slot.
+// The memory-safety value rules sequence n breaks on its own (its offsets and its slot): the
+// shared row function of row_rules.h, the host validators' code.
 __device__ __forceinline__ std::uint64_t sequence_faults(const PrefillParams& p, std::int32_t n) {
-  const std::int64_t begin = seq_offset(p, n), end = seq_offset(p, n + 1);
-  std::uint64_t faults = 0;
-  if (n == 0 && begin != 0) faults |= vc::rule_bit(RuleId::seqlens_start);
-  if (n == p.num_seqs - 1 && end != p.total_tokens) faults |= vc::rule_bit(RuleId::seqlens_total);
-  if (!vc::seqlens_step_ok(begin, end) || begin < 0 || end > p.total_tokens)
-    faults |= vc::rule_bit(RuleId::seqlens_monotone);
-  const std::int64_t slot = p.state_indices[n];
-  if (!vc::slot_in_range(slot, p.state.num_slots, /*padding_allowed=*/false))
-    faults |= vc::rule_bit(slot == -1 ? RuleId::index_padding : RuleId::index_range);
-  return faults;
+  const row_rules::PrefillRows<row_rules::DeviceIndex> rows{
+      p.num_seqs, p.total_tokens, p.state.num_slots,
+      {p.cu_seqlens, p.cu_seqlens_dtype == DType::i64, 0}, {p.state_indices, false, 0}};
+  return row_rules::row_faults<row_rules::kPrefillMemoryRules>(rows, n);
 }
 
 __device__ __forceinline__ Sequence resolve_sequence(const PrefillParams& p, std::int32_t n,

@@ -23,8 +23,8 @@ __global__ void __launch_bounds__(kCopyThreads)
 
   const std::int64_t slot = p.cache_indices[n];
   const std::int64_t accepted = p.accepted[n];
-  std::uint64_t faults = slot_faults(slot, p.state.num_slots);
-  if (!vc::accepted_ok(accepted, p.draft_tokens, -1)) faults |= bit(RuleId::commit_accepted);
+  const std::uint64_t faults =
+      rr::row_faults<rr::kCommitMemoryRules>(commit_rows(p, GuardExtras{}), n);
   if (faults != 0) {
     if (reporter) raise(guard.error_word, faults);
     return;

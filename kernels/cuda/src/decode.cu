@@ -102,7 +102,7 @@ __device__ __forceinline__ RowStatus decode_row(const DecodeParams& p, const Gua
   RowStatus r;
   r.n = n;
   r.slot = p.cache_indices[n];
-  r.faults = slot_faults(r.slot, p.state.num_slots);
+  r.faults = rr::row_faults<rr::kDecodeMemoryRules>(decode_rows(p, GuardExtras{}), n);
   r.skip = r.faults != 0 || (guard.row_flags != nullptr && guard.row_flags[n] != 0);
   r.active = !r.skip && vc::is_active(r.slot);
   return r;

@@ -319,9 +319,9 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   const ChunkRows<ST, K> rows{bc.slice * block_rows, static_cast<int>(threadIdx.x) / Tile::kLanes,
                               static_cast<int>(threadIdx.x) % Tile::kLanes};
 
-  const RowSpan span = row_span(p.cu_seqlens, p.rows, bc.n, p.total_tokens, p.draft_tokens);
+  const RowSpan span = verify_row_span(p, bc.n);
   const std::int64_t slot = p.cache_indices[bc.n];
-  const std::uint64_t faults = span.faults | slot_faults(slot, p.state.num_slots);
+  const std::uint64_t faults = span.faults;
   const bool first_block_of_row = bc.hv == 0 && bc.slice == 0;
   if (faults != 0) {
     if (threadIdx.x == 0 && first_block_of_row) raise(guard.error_word, faults);

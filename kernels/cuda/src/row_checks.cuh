@@ -1,56 +1,80 @@
-// The value rules one row can be judged on by itself, evaluated on the device. The guard kernels
-// add the cross-row rule (index.unique) and run these for every row; the main kernels run the
-// memory-safety subset on their own row, so that even without a guard an index the host never
-// saw cannot send a kernel outside its buffers. The predicates are kdaguard::value_checks, the
-// same definitions the host validators use.
+// The value rules on the device: row_rules.h's row functions (the host validators' own code) over
+// device memory. The guard kernels (guard.cu) run every value rule of an entry point for every
+// row, plus the cross-row index.unique; the main kernels run the memory-safety subset
+// (row_rules::k*MemoryRules) on their own row, so that even without a guard an index the host
+// never saw cannot send a kernel outside its buffers.
 #pragma once
 
 #include <cstdint>
 
 #include "device_common.cuh"
-#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/contracts/row_rules.h"
 #include "kdaguard/params.h"
 #include "launch.h"
 
 namespace kdaguard::gpu::detail {
 
 namespace vc = kdaguard::value_checks;
+namespace rr = kdaguard::row_rules;
+using rr::DeviceIndex;
 
 __device__ __forceinline__ std::uint64_t bit(RuleId r) { return vc::rule_bit(r); }
 
-// The token span [begin, end) of a verify or commit row from cu_seqlens, and the rules it breaks.
-// `total_tokens` < 0: unknown (commit), so the span is only checked against itself.
+__host__ __device__ __forceinline__ DeviceIndex index_of(const std::int32_t* data,
+                                                std::int64_t row_stride = 0) {
+  return DeviceIndex{data, false, row_stride};
+}
+
+// The rows of each entry point as row_rules.h reads them. Index tensors the params leave out
+// (GuardExtras) are absent for the main kernels' memory-safety checks, which do not need them.
+__host__ __device__ __forceinline__ rr::DecodeRows<DeviceIndex> decode_rows(const DecodeParams& p,
+                                                                   const GuardExtras& extras) {
+  return {p.batch, p.state.num_slots, index_of(p.cache_indices), index_of(extras.cu_seqlens)};
+}
+
+__host__ __device__ __forceinline__ rr::VerifyRows<DeviceIndex> verify_rows(const VerifyParams& p,
+                                                                   const GuardExtras& extras) {
+  const ScratchTarget& t = p.target;
+  return {p.rows,
+          p.total_tokens,
+          p.draft_tokens,
+          p.state.num_slots,
+          t.scratch.num_slots,
+          index_of(p.cu_seqlens),
+          index_of(p.cache_indices),
+          index_of(t.scratch_indices == nullptr ? extras.scratch_row_map : nullptr),
+          index_of(t.scratch_indices, t.indices_row_stride)};
+}
+
+__host__ __device__ __forceinline__ rr::CommitRows<DeviceIndex> commit_rows(const CommitParams& p,
+                                                                   const GuardExtras& extras) {
+  const ScratchTarget& t = p.source;
+  return {p.rows,
+          p.draft_tokens,
+          p.state.num_slots,
+          t.scratch.num_slots,
+          index_of(extras.cu_seqlens),
+          index_of(p.cache_indices),
+          index_of(t.scratch_indices == nullptr ? extras.scratch_row_map : nullptr),
+          index_of(t.scratch_indices, t.indices_row_stride),
+          index_of(p.accepted)};
+}
+
+__host__ __device__ __forceinline__ rr::PrefillRows<DeviceIndex> prefill_rows(const PrefillParams& p) {
+  return {p.num_seqs, p.total_tokens, p.state.num_slots,
+          DeviceIndex{p.cu_seqlens, p.cu_seqlens_dtype == DType::i64, 0},
+          index_of(p.state_indices)};
+}
+
+// The token span [begin, end) of verify row n and the memory-safety rules the row breaks.
 struct RowSpan {
   std::int64_t begin = 0, end = 0;
   std::uint64_t faults = 0;
 };
 
-__device__ __forceinline__ RowSpan row_span(const std::int32_t* cu, std::int32_t rows,
-                                            std::int32_t n, std::int64_t total_tokens,
-                                            std::int64_t draft_tokens) {
-  RowSpan s;
-  s.begin = cu[n];
-  s.end = cu[n + 1];
-  if (n == 0 && s.begin != 0) s.faults |= bit(RuleId::seqlens_start);
-  if (!vc::seqlens_step_ok(s.begin, s.end)) {
-    s.faults |= bit(RuleId::seqlens_monotone);
-    return s;
-  }
-  // A begin below 0 means cu_seqlens decreased somewhere before row n (or starts below 0); an end
-  // past the tokens means the total is wrong, or a later entry decreases.
-  if (s.begin < 0) s.faults |= bit(n == 0 ? RuleId::seqlens_start : RuleId::seqlens_monotone);
-  if (total_tokens >= 0) {
-    if (n == rows - 1 && s.end != total_tokens) s.faults |= bit(RuleId::seqlens_total);
-    if (s.end > total_tokens)
-      s.faults |= bit(n == rows - 1 ? RuleId::seqlens_total : RuleId::seqlens_monotone);
-  }
-  if (!vc::row_length_ok(s.begin, s.end, draft_tokens)) s.faults |= bit(RuleId::verify_row_length);
-  return s;
-}
-
-__device__ __forceinline__ std::uint64_t slot_faults(std::int64_t slot, std::int64_t num_slots) {
-  return vc::slot_in_range(slot, num_slots, /*padding_allowed=*/true) ? 0
-                                                                      : bit(RuleId::index_range);
+__device__ __forceinline__ RowSpan verify_row_span(const VerifyParams& p, std::int32_t n) {
+  return {p.cu_seqlens[n], p.cu_seqlens[n + 1],
+          rr::row_faults<rr::kVerifyMemoryRules>(verify_rows(p, GuardExtras{}), n)};
 }
 
 // Flat scratch slot of step t of row n, or -1 when the step is skipped.
@@ -58,44 +82,6 @@ __device__ __forceinline__ std::int64_t scratch_slot(const ScratchTarget& t, std
                                                      std::int32_t step) {
   if (t.scratch_indices != nullptr) return t.scratch_indices[n * t.indices_row_stride + step];
   return static_cast<std::int64_t>(n) * t.scratch_steps + step;
-}
-
-// Scratch addressing of row n over its T entries: range of explicit indices, or the identity
-// row map when there are none.
-__device__ __forceinline__ std::uint64_t scratch_faults(const ScratchTarget& t,
-                                                        const GuardExtras& extras,
-                                                        std::int32_t n, std::int32_t draft_tokens) {
-  std::uint64_t faults = 0;
-  if (t.scratch_indices != nullptr) {
-    for (std::int32_t step = 0; step < draft_tokens; ++step)
-      faults |= slot_faults(scratch_slot(t, n, step), t.scratch.num_slots);
-  } else if (extras.scratch_row_map != nullptr && !vc::row_map_entry_ok(n, extras.scratch_row_map[n])) {
-    faults |= bit(RuleId::verify_row_map_identity);
-  }
-  return faults;
-}
-
-// Row n of a commit: slot, accepted count (against T and the row's length when cu_seqlens is
-// given), the scratch step it copies from.
-__device__ __forceinline__ std::uint64_t commit_row_faults(const CommitParams& p,
-                                                           const GuardExtras& extras,
-                                                           std::int32_t n) {
-  const std::int64_t slot = p.cache_indices[n];
-  std::uint64_t faults = slot_faults(slot, p.state.num_slots);
-  std::int64_t length = -1;
-  if (extras.cu_seqlens != nullptr) {
-    const RowSpan span = row_span(extras.cu_seqlens, p.rows, n, -1, p.draft_tokens);
-    faults |= span.faults;
-    if (vc::seqlens_step_ok(span.begin, span.end)) length = span.end - span.begin;
-  }
-  const std::int64_t accepted = p.accepted[n];
-  if (!vc::accepted_ok(accepted, p.draft_tokens, length)) {
-    faults |= bit(RuleId::commit_accepted);
-  } else if (accepted > 0 && vc::is_active(slot) &&
-             scratch_slot(p.source, n, static_cast<std::int32_t>(accepted - 1)) < 0) {
-    faults |= bit(RuleId::commit_accepted);  // the step it needs was never written
-  }
-  return faults;
 }
 
 }  // namespace kdaguard::gpu::detail

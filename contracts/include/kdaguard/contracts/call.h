@@ -14,12 +14,7 @@
 
 namespace kdaguard {
 
-// Every tensor argument name of contracts.md.
-enum class Arg : std::uint8_t {
-  q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, initial_state,
-  initial_state_indices, out, scratch, scratch_row_map, scratch_indices, accepted
-};
-inline constexpr int kArgCount = 19;
+// Arg, every tensor argument name of contracts.md, is in rules.h.
 std::string_view arg_name(Arg a);
 std::optional<Arg> arg_from_name(std::string_view name);
 

@@ -35,8 +35,17 @@ inline constexpr std::uint8_t kVC = kV | kC;
 enum class Tier : std::uint8_t { meta, value };
 std::string_view tier_name(Tier t);
 
+// Every tensor argument name of contracts.md (call.h names them).
+enum class Arg : std::uint8_t {
+  q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, initial_state,
+  initial_state_indices, out, scratch, scratch_row_map, scratch_indices, accepted
+};
+inline constexpr int kArgCount = 19;
+// Sets of arguments as bit masks (RuleInfo::value_inputs): bit (1 << Arg).
+constexpr std::uint32_t arg_bit(Arg a) { return std::uint32_t{1} << static_cast<unsigned>(a); }
+
 enum class RuleId : std::uint8_t {
-#define KDAGUARD_RULE(ident, id, tier, entries, meaning) ident,
+#define KDAGUARD_RULE(ident, id, tier, entries, inputs, meaning) ident,
 #include "kdaguard/contracts/rule_list.inc"
 #undef KDAGUARD_RULE
 };
@@ -46,9 +55,11 @@ struct RuleInfo {
   std::string_view id;       // the public dotted id, e.g. "state.inner_strides"
   Tier tier;
   std::uint8_t entry_mask;   // bit (1 << Entry) for each entry point the rule applies to
+  std::uint32_t value_inputs;  // value rules: arg_bit of every index argument whose values it reads
   std::string_view meaning;  // one line
 
   bool applies_to(Entry e) const { return (entry_mask & entry_bit(e)) != 0; }
+  bool reads(Arg a) const { return (value_inputs & arg_bit(a)) != 0; }
 };
 
 // Every rule in catalogue order.
@@ -56,5 +67,11 @@ std::span<const RuleInfo> rule_catalogue();
 const RuleInfo& rule_info(RuleId rule);
 std::string_view rule_id(RuleId rule);
 std::optional<RuleId> rule_from_id(std::string_view id);
+
+// The rules whose checks are in force: every rule, except in a build made for scripts/knockout.sh
+// (KDAGUARD_ENABLE_KNOCKOUT), where KDAGUARD_KNOCKOUT_RULE=<rule id> removes that rule's checks
+// from the host validators and from the device's row checks alike. One bit per rule
+// (value_checks::rule_bit).
+std::uint64_t enabled_rules();
 
 }  // namespace kdaguard

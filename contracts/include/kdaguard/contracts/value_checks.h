@@ -1,6 +1,7 @@
-// The value rules' predicates, shared by the host validators and the device guard so the two
-// can't drift: one definition, compiled for host and device. No CUDA header is included; under
-// nvcc the functions are marked __host__ __device__.
+// The smallest pieces of the value rules, shared by the host validators and the device code:
+// the host/device marker, a rule's bit in a fault mask, and the slot predicates. No CUDA header
+// is included; under nvcc the functions are marked __host__ __device__. The rules themselves,
+// row by row, are in row_rules.h.
 #pragma once
 
 #include <cstdint>
@@ -24,15 +25,11 @@ KDAGUARD_HOST_DEVICE constexpr bool slot_in_range(std::int64_t slot, std::int64_
 // Rows whose index is -1 are padding: no state is read or written for them.
 KDAGUARD_HOST_DEVICE constexpr bool is_active(std::int64_t slot) { return slot >= 0; }
 
-// seqlens.monotone: consecutive offsets never decrease.
-KDAGUARD_HOST_DEVICE constexpr bool seqlens_step_ok(std::int64_t begin, std::int64_t end) {
-  return end >= begin;
-}
-
-// verify.row_length: a verify row holds at most T tokens.
-KDAGUARD_HOST_DEVICE constexpr bool row_length_ok(std::int64_t begin, std::int64_t end,
-                                                  std::int64_t draft_tokens) {
-  return end - begin <= draft_tokens;
+// index.unique: the entries that take part in the uniqueness rule, an active slot inside the
+// pool. Out-of-range entries are index.range's and -1 entries are padding (or index.padding's),
+// never duplicates. The host sorts these, the device scans for them; both use this predicate.
+KDAGUARD_HOST_DEVICE constexpr bool unique_candidate(std::int64_t slot, std::int64_t num_slots) {
+  return slot >= 0 && slot < num_slots;
 }
 
 // commit.accepted: 0..T accepted tokens, and no more than the row holds when its length is known
@@ -42,12 +39,7 @@ KDAGUARD_HOST_DEVICE constexpr bool accepted_ok(std::int64_t accepted, std::int6
   return accepted >= 0 && accepted <= draft_tokens && (row_length < 0 || accepted <= row_length);
 }
 
-// verify.row_map_identity: without explicit scratch indices, row n must own scratch row n.
-KDAGUARD_HOST_DEVICE constexpr bool row_map_entry_ok(std::int64_t row, std::int64_t entry) {
-  return entry == row;
-}
-
-// The device guard's error word: bit r is set when rule r fired on the device.
+// A fault mask (and the device guard's error word): bit r is set when rule r fired.
 KDAGUARD_HOST_DEVICE constexpr std::uint64_t rule_bit(RuleId rule) {
   return std::uint64_t{1} << static_cast<unsigned>(rule);
 }
