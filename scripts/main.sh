@@ -20,6 +20,8 @@ scripts/harness.sh build build-fuzz "$report_dir"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "== GPU: kernel conformance and benchmarks"
   scripts/gpu_report.sh "$report_dir"
+  echo "== GPU: Python tests (kdaguard._C, gpu-marked)"
+  PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider -m gpu python/tests
 else
   echo "No GPU on this machine: kernel conformance and benchmarks skipped (the gpu tests report as skipped)." \
     > "$report_dir/gpu.md"

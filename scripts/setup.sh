@@ -12,12 +12,30 @@ packages=(
   nlohmann-json3-dev libfmt-dev libcli11-dev
 )
 
+# Python packages for kdaguard's PyTorch module and its tests, pinned: torch is the GPU machine's
+# version. A failed install fails the run.
+python_requirements=(torch==2.11.0 pytest==9.2.0 numpy==2.4.6 scikit-build-core==1.1.2)
+install_python_requirements() {
+  local absent=()
+  for req in "${python_requirements[@]}"; do
+    python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('${req%%==*}') != '${req##*==}')" \
+      2>/dev/null || absent+=("$req")
+  done
+  if [ ${#absent[@]} -eq 0 ]; then
+    echo "setup: Python packages present (${python_requirements[*]})"
+    return
+  fi
+  echo "setup: pip installing ${absent[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check "${absent[@]}"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
+  install_python_requirements
   exit 0
 fi
 
@@ -30,3 +48,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_python_requirements

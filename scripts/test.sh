@@ -15,6 +15,10 @@ cmake --build --preset default -j"$jobs"
 echo "== tests (default preset)"
 ctest --preset default -j"$jobs"
 
+echo "== Python tests (kdaguard._C from build/python; gpu-marked tests skip without a GPU)"
+# pytest exits 5 when it ran no test: that fails the run like any other failure.
+PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider python/tests
+
 echo "== fuzz smoke runs (clang 14, ASan + UBSan)"
 cmake --preset fuzz
 cmake --build --preset fuzz -j"$jobs"

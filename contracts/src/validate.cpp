@@ -158,7 +158,7 @@ using enum Kind;
 constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
-constexpr ArgSpec kA = spec(Arg::a, kVector, kIo, false, true, {kRows, kHV, kK});
+constexpr ArgSpec kA = spec(Arg::a, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
 constexpr ArgSpec kG = spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
 constexpr ArgSpec kALog = spec(Arg::A_log, kScalars, kF32, false, false, {kHV});
 constexpr ArgSpec kDtBias = spec(Arg::dt_bias, kVector, kF32, false, false, {kHVxK});

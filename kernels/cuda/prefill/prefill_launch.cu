@@ -6,6 +6,8 @@
 #include <mutex>
 #include <string>
 
+#include "prefill_workspace.cuh"
+
 namespace kdaguard::gpu::detail {
 
 std::string prefill_unsupported_reason(const PrefillParams& p) {
@@ -23,6 +25,38 @@ std::string prefill_unsupported_reason(const PrefillParams& p) {
   if (p.cu_seqlens_dtype != DType::i32 && p.cu_seqlens_dtype != DType::i64)
     return "cu_seqlens must be i32 or i64";
   return {};
+}
+
+std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
+  if (p.in.io_dtype == DType::f32 || p.total_tokens <= 0 || p.num_seqs <= 0 || p.in.HV <= 0)
+    return 0;  // the f32 kernel keeps everything in registers; an empty call launches nothing
+  std::int64_t chunk_bytes = 0;
+  if (p.in.K == 64) chunk_bytes = p.in.V == 64 ? prefill::ChunkOperands<64, 64>::kBytes
+                                               : prefill::ChunkOperands<64, 128>::kBytes;
+  else chunk_bytes = p.in.V == 64 ? prefill::ChunkOperands<128, 64>::kBytes
+                                  : prefill::ChunkOperands<128, 128>::kBytes;
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(prefill::workspace_slots(p.total_tokens, p.num_seqs),
+                             static_cast<std::int64_t>(p.in.HV) * chunk_bytes, &bytes))
+    return -1;
+  return bytes;
+}
+
+cudaError_t prefill_workspace_take(const PrefillParams& p, cudaStream_t stream, void** workspace) {
+  if (p.workspace != nullptr) {
+    *workspace = p.workspace;
+    return cudaSuccess;
+  }
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t e = prefill_workspace_pool(&pool); e != cudaSuccess) return e;
+  const std::int64_t bytes = prefill_workspace_bytes(p);
+  if (bytes < 0) return cudaErrorInvalidConfiguration;
+  return cudaMallocFromPoolAsync(workspace, static_cast<std::size_t>(bytes), pool, stream);
+}
+
+cudaError_t prefill_workspace_give_back(const PrefillParams& p, void* workspace,
+                                        cudaStream_t stream) {
+  return p.workspace != nullptr ? cudaSuccess : cudaFreeAsync(workspace, stream);
 }
 
 cudaError_t prefill_workspace_pool(cudaMemPool_t* pool) {

@@ -10,10 +10,12 @@
 // offsets or slot break a value rule, or that guard.row_flags marks.
 //
 // The workspace (about 21 KB per chunk of 16 tokens and value head at K = V = 128, i.e. about
-// 1.3 KB per token-head, the size of q, k, v, g and out together) is taken per call, stream
-// ordered, from a memory pool of the library's own per device, and given back on the same stream
-// after the chain kernel: nothing of one call's shape outlives it. The pool keeps the memory it
-// has handed out for reuse (release threshold: unlimited), so repeated calls map nothing new.
+// 1.3 KB per token-head, the size of q, k, v, g and out together) is the caller's when
+// PrefillParams::workspace is set (the engine's allocator then owns and accounts for it, and a
+// captured graph keeps it in the graph's pool). Otherwise it is taken per call, stream ordered,
+// from a memory pool of the library's own per device, and given back on the same stream after
+// the chain kernel: nothing of one call's shape outlives it. That pool keeps the memory it has
+// handed out for reuse (release threshold: unlimited), so repeated calls map nothing new.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,6 +42,18 @@ cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_
 cudaError_t launch_prefill_guard(const PrefillParams& p, const GuardExtras& extras,
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream);
+
+// Bytes of workspace the tensor-core kernels need for p (0 for f32 inputs or an empty call; -1
+// when the size overflows int64). The one place the size is computed: the size query of kda.h
+// and the pool's allocation both use it.
+std::int64_t prefill_workspace_bytes(const PrefillParams& p);
+
+// The workspace of one call: p.workspace when the caller gave one, else a stream-ordered
+// allocation of prefill_workspace_bytes(p) from the library's pool, which give_back frees on the
+// stream (a no-op for the caller's).
+cudaError_t prefill_workspace_take(const PrefillParams& p, cudaStream_t stream, void** workspace);
+cudaError_t prefill_workspace_give_back(const PrefillParams& p, void* workspace,
+                                        cudaStream_t stream);
 
 // The library's workspace pool on the current device, created on first use.
 cudaError_t prefill_workspace_pool(cudaMemPool_t* pool);

@@ -26,18 +26,13 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
     return cudaGetLastError();
   }
 
-  using Ops = prefill::ChunkOperands<K, V>;
   const std::int64_t prepare_blocks = prefill::workspace_slots(p.total_tokens, p.num_seqs) * p.in.HV;
   constexpr int kSlices = V / (16 * kChainWarps);
   const std::int64_t chain_blocks = heads * kSlices;
   if (prepare_blocks > INT32_MAX || chain_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
 
-  cudaMemPool_t pool = nullptr;
-  if (cudaError_t e = prefill_workspace_pool(&pool); e != cudaSuccess) return e;
-  void* workspace = nullptr;
-  if (cudaError_t e = cudaMallocFromPoolAsync(&workspace, prepare_blocks * Ops::kBytes, pool, stream);
-      e != cudaSuccess)
-    return e;
+  void* workspace = nullptr;  // prefill_workspace_bytes(p): prepare_blocks chunk operands
+  if (cudaError_t e = prefill_workspace_take(p, stream, &workspace); e != cudaSuccess) return e;
 
   auto* prepare = p.in.io_dtype == DType::bf16 ? prefill::prefill_prepare_kernel<__nv_bfloat16, K, V>
                                                : prefill::prefill_prepare_kernel<__half, K, V>;
@@ -55,8 +50,8 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
       launched = cudaGetLastError();
     }
   }
-  // Stream-ordered: the memory returns to the pool once the chain kernel has finished.
-  const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  // Stream-ordered: pool memory returns to the pool once the chain kernel has finished.
+  const cudaError_t freed = prefill_workspace_give_back(p, workspace, stream);
   return launched != cudaSuccess ? launched : freed;
 }
 

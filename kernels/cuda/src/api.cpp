@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <atomic>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "kdaguard/lower.h"
 #include "launch.h"
@@ -67,6 +71,59 @@ Status guard_ready(const Verdict& verdict, const DeviceGuard& guard, std::int64_
       checks, rows, guard.row_flags_capacity));
 }
 
+// ---- which (entry, K, V, io dtype, state dtype) are prepared on which device ----
+// One bit per device in a word per combination; only dims and dtypes the kernels run have a word.
+constexpr int kPreparedDevices = 64;
+constexpr int kPreparedKeys = kEntryCount * 2 * 2 * 3 * 2;
+std::array<std::atomic<std::uint64_t>, kPreparedKeys> prepared_devices{};
+
+// The word of a combination, or -1 for one no kernel runs. Commit has no q/k/v: its io dtype is
+// ignored (taken as the state's).
+int prepared_key(Entry entry, std::int32_t K, std::int32_t V, DType io, DType state) {
+  if ((K != 64 && K != 128) || (V != 64 && V != 128)) return -1;
+  if (state != DType::f32 && state != DType::bf16) return -1;
+  if (entry == Entry::commit) io = state;
+  const int io_index = io == DType::f32 ? 0 : io == DType::f16 ? 1 : io == DType::bf16 ? 2 : -1;
+  if (io_index < 0) return -1;
+  return (((static_cast<int>(entry) * 2 + (K == 128)) * 2 + (V == 128)) * 3 + io_index) * 2 +
+         (state == DType::bf16);
+}
+
+struct PreparedKey {
+  int key = -1;
+  int device = 0;
+  bool prepared() const {
+    return key >= 0 && device >= 0 && device < kPreparedDevices &&
+           (prepared_devices[key].load(std::memory_order_acquire) >> device) & 1u;
+  }
+  void mark() const {
+    if (key >= 0 && device >= 0 && device < kPreparedDevices)
+      prepared_devices[key].fetch_or(std::uint64_t{1} << device, std::memory_order_release);
+  }
+};
+
+// Refuses a call under capture whose kernels were never readied, before anything is captured:
+// readying makes host calls (function attributes, the workspace pool) that a capture may not
+// contain. `capturing` tells the caller whether an accepted launch may mark the key prepared.
+Status capture_ready(Entry entry, const PreparedKey& key, const TokenInputs* in, DType state,
+                     std::int32_t K, std::int32_t V, cudaStream_t stream, bool& capturing) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (const cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_failure("cudaStreamIsCapturing on the launch stream", e);
+  }
+  capturing = capture != cudaStreamCaptureStatusNone;
+  if (!capturing || key.prepared()) return Status::success();
+  return Status::unsupported_because(fmt::format(
+      "not prepared for capture: {} with K = {}, V = {}, {}state {} on cuda:{} has not run on this "
+      "device yet, and its first run makes host calls a CUDA graph capture cannot contain; call "
+      "kdaguard::gpu::prepare({}, {}, {}, {}, {}, cuda:{}) (or make one uncaptured call) before "
+      "capturing",
+      entry_name(entry), K, V, in ? fmt::format("q/k/v {}, ", dtype_name(in->io_dtype)) : "",
+      dtype_name(state), key.device, entry_name(entry), K, V,
+      dtype_name(in ? in->io_dtype : state), dtype_name(state), key.device));
+}
+
 detail::GuardState guard_state(const Verdict& verdict, const DeviceGuard& guard) {
   return {guard.error_word, verdict.deferred.empty() ? nullptr : guard.row_flags};
 }
@@ -113,25 +170,58 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const DecodeParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, params.batch); !s.ok()) return s;
+  const PreparedKey key{prepared_key(Entry::decode, params.in.K, params.in.V, params.in.io_dtype,
+                                     params.state.dtype),
+                        call.device.index};
+  bool capturing = false;
+  if (Status s = capture_ready(Entry::decode, key, &params.in, params.state.dtype, params.in.K,
+                               params.in.V, options.stream, capturing);
+      !s.ok())
+    return s;
   detail::GuardExtras extras;
   extras.cu_seqlens = i32_data(call.cu_seqlens);
-  return launch(
+  Status launched = launch(
       verdict, options.guard, params, extras, detail::launch_decode_guard,
       [&](const DecodeParams& p, detail::GuardState g, cudaStream_t s) {
         return detail::launch_decode(p, g, options.chunks_per_block, s);
       },
       options.stream);
+  if (launched.ok() && !capturing && params.batch > 0) key.mark();
+  return launched;
 }
 
 Status prefill(const PrefillCall& call, const LaunchOptions& options) {
   Verdict verdict;
   if (Status s = admit(call, verdict); !s.ok()) return s;
-  const PrefillParams params = lower(call);
+  PrefillParams params = lower(call);
   if (std::string why = detail::prefill_unsupported_reason(params); !why.empty())
     return Status::unsupported_because(std::move(why));
   if (Status s = guard_ready(verdict, options.guard, params.num_seqs); !s.ok()) return s;
-  return launch(verdict, options.guard, params, detail::GuardExtras{},
-                detail::launch_prefill_guard, detail::launch_prefill, options.stream);
+  const std::int64_t workspace_bytes = detail::prefill_workspace_bytes(params);
+  if (workspace_bytes < 0)
+    return Status::unsupported_because("the prefill workspace size overflows int64");
+  if (options.workspace.data != nullptr) {
+    if (options.workspace.bytes < workspace_bytes)
+      return Status::unsupported_because(fmt::format(
+          "the workspace has {} bytes; this prefill needs {} (prefill_workspace_bytes)",
+          options.workspace.bytes, workspace_bytes));
+    if (reinterpret_cast<std::uintptr_t>(options.workspace.data) % 16 != 0)
+      return Status::unsupported_because(fmt::format(
+          "the workspace address {} is not 16-byte aligned", options.workspace.data));
+    params.workspace = options.workspace.data;
+  }
+  const PreparedKey key{prepared_key(Entry::prefill, params.in.K, params.in.V, params.in.io_dtype,
+                                     params.state.dtype),
+                        call.device.index};
+  bool capturing = false;
+  if (Status s = capture_ready(Entry::prefill, key, &params.in, params.state.dtype, params.in.K,
+                               params.in.V, options.stream, capturing);
+      !s.ok())
+    return s;
+  Status launched = launch(verdict, options.guard, params, detail::GuardExtras{},
+                           detail::launch_prefill_guard, detail::launch_prefill, options.stream);
+  if (launched.ok() && !capturing && params.num_seqs > 0 && params.total_tokens > 0) key.mark();
+  return launched;
 }
 
 Status verify(const VerifyCall& call, const LaunchOptions& options) {
@@ -139,14 +229,24 @@ Status verify(const VerifyCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const VerifyParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, params.rows); !s.ok()) return s;
+  const PreparedKey key{prepared_key(Entry::verify, params.in.K, params.in.V, params.in.io_dtype,
+                                     params.state.dtype),
+                        call.device.index};
+  bool capturing = false;
+  if (Status s = capture_ready(Entry::verify, key, &params.in, params.state.dtype, params.in.K,
+                               params.in.V, options.stream, capturing);
+      !s.ok())
+    return s;
   detail::GuardExtras extras;
   extras.scratch_row_map = i32_data(call.scratch_row_map);
-  return launch(
+  Status launched = launch(
       verdict, options.guard, params, extras, detail::launch_verify_guard,
       [&](const VerifyParams& p, detail::GuardState g, cudaStream_t s) {
         return detail::launch_verify(p, g, options.chunks_per_block, s);
       },
       options.stream);
+  if (launched.ok() && !capturing && params.rows > 0) key.mark();
+  return launched;
 }
 
 Status commit(const CommitCall& call, const LaunchOptions& options) {
@@ -154,11 +254,204 @@ Status commit(const CommitCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const CommitParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, params.rows); !s.ok()) return s;
+  const PreparedKey key{
+      prepared_key(Entry::commit, params.K, params.V, params.state.dtype, params.state.dtype),
+      call.device.index};
+  bool capturing = false;
+  if (Status s = capture_ready(Entry::commit, key, nullptr, params.state.dtype, params.K, params.V,
+                               options.stream, capturing);
+      !s.ok())
+    return s;
   detail::GuardExtras extras;
   extras.cu_seqlens = i32_data(call.cu_seqlens);
   extras.scratch_row_map = i32_data(call.scratch_row_map);
-  return launch(verdict, options.guard, params, extras, detail::launch_commit_guard,
-                detail::launch_commit, options.stream);
+  Status launched = launch(verdict, options.guard, params, extras, detail::launch_commit_guard,
+                           detail::launch_commit, options.stream);
+  if (launched.ok() && !capturing && params.rows > 0) key.mark();
+  return launched;
+}
+
+std::int64_t prefill_workspace_bytes(std::int64_t total_tokens, std::int64_t num_seqs,
+                                     std::int32_t HV, std::int32_t K, std::int32_t V,
+                                     DType io_dtype) {
+  if (total_tokens < 0 || num_seqs < 0 || num_seqs > INT32_MAX) return -1;
+  PrefillParams p;
+  p.total_tokens = total_tokens;
+  p.num_seqs = static_cast<std::int32_t>(num_seqs);
+  p.in.H = 1;
+  p.in.HV = HV;
+  p.in.K = K;
+  p.in.V = V;
+  p.in.io_dtype = io_dtype;
+  p.state.dtype = DType::f32;
+  p.cu_seqlens_dtype = DType::i32;
+  if (!detail::prefill_unsupported_reason(p).empty()) return -1;
+  return detail::prefill_workspace_bytes(p);
+}
+
+bool prepared(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DType state_dtype,
+              Device device) {
+  return device.kind == Device::Kind::cuda &&
+         PreparedKey{prepared_key(entry, K, V, io_dtype, state_dtype), device.index}.prepared();
+}
+
+namespace {
+
+// Device buffers of one warm-up call, freed together.
+class WarmUpBuffers {
+ public:
+  WarmUpBuffers() = default;
+  WarmUpBuffers(const WarmUpBuffers&) = delete;
+  WarmUpBuffers& operator=(const WarmUpBuffers&) = delete;
+  ~WarmUpBuffers() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+  cudaError_t error() const { return error_; }
+
+  // A zero-filled compact tensor, or the given int32 values.
+  TensorView tensor(DType dtype, const std::vector<std::int64_t>& shape,
+                    const std::vector<std::int32_t>& values = {}) {
+    TensorView view = TensorView::contiguous(dtype, shape);
+    const std::size_t bytes = static_cast<std::size_t>(view.numel() * element_size(dtype));
+    void* p = allocate(bytes);
+    if (p != nullptr && !values.empty())
+      record(cudaMemcpy(p, values.data(), values.size() * sizeof(std::int32_t),
+                        cudaMemcpyHostToDevice));
+    view.address = reinterpret_cast<std::uint64_t>(p);
+    view.storage_size = Elements{view.numel()};
+    return view;
+  }
+  void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    if (error_ != cudaSuccess) return nullptr;
+    if (record(cudaMalloc(&p, bytes < 256 ? 256 : bytes)) != cudaSuccess) return nullptr;
+    allocations_.push_back(p);
+    record(cudaMemset(p, 0, bytes));
+    return p;
+  }
+
+ private:
+  cudaError_t record(cudaError_t e) {
+    if (error_ == cudaSuccess) error_ = e;
+    return e;
+  }
+  std::vector<void*> allocations_;
+  cudaError_t error_ = cudaSuccess;
+};
+
+// Restores the caller's current device on the way out.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    set_ = cudaSetDevice(device);
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t error() const { return set_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t set_ = cudaSuccess;
+};
+
+// One row of one token, H = HV = 1, an activated gate and beta (all zero), indices {0}: the
+// smallest call that runs the guard and main kernels of the combination.
+template <class Call> void fill_token_inputs(Call& c, WarmUpBuffers& b, std::int32_t K,
+                                             std::int32_t V, DType io) {
+  c.q = b.tensor(io, {1, 1, K});
+  c.k = b.tensor(io, {1, 1, K});
+  c.v = b.tensor(io, {1, 1, V});
+  c.g = b.tensor(io, {1, 1, K});
+  c.beta = b.tensor(io, {1, 1});
+  c.out = b.tensor(io, {1, 1, V});
+}
+
+}  // namespace
+
+Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DType state_dtype,
+               Device device) {
+  if (device.kind != Device::Kind::cuda)
+    return Status::unsupported_because(
+        fmt::format("prepare readies CUDA devices; got {}", device_name(device)));
+  if (prepared_key(entry, K, V, io_dtype, state_dtype) < 0)
+    return Status::unsupported_because(fmt::format(
+        "no kernels for {} with K = {}, V = {}, q/k/v {}, state {}", entry_name(entry), K, V,
+        dtype_name(io_dtype), dtype_name(state_dtype)));
+  if (prepared(entry, K, V, io_dtype, state_dtype, device)) return Status::success();
+  const CurrentDevice current(device.index);
+  if (current.error() != cudaSuccess) return cuda_failure("cudaSetDevice", current.error());
+
+  WarmUpBuffers b;
+  DeviceGuard guard;
+  guard.error_word = static_cast<unsigned long long*>(b.allocate(sizeof(unsigned long long)));
+  guard.row_flags = static_cast<std::int32_t*>(b.allocate(sizeof(std::int32_t)));
+  guard.row_flags_capacity = 1;
+  const std::vector<std::int64_t> pool_shape{1, 1, V, K};
+  AnyCall call = make_call(entry);
+  std::visit(
+      [&](auto& c) {
+        using C = std::decay_t<decltype(c)>;
+        c.device = device;
+        if constexpr (std::is_same_v<C, DecodeCall>) {
+          fill_token_inputs(c, b, K, V, io_dtype);
+          c.state = b.tensor(state_dtype, pool_shape);
+          c.cache_indices = b.tensor(DType::i32, {1}, {0});
+        } else if constexpr (std::is_same_v<C, PrefillCall>) {
+          fill_token_inputs(c, b, K, V, io_dtype);
+          c.cu_seqlens = b.tensor(DType::i32, {2}, {0, 1});
+          c.initial_state = b.tensor(state_dtype, pool_shape);
+          c.initial_state_indices = b.tensor(DType::i32, {1}, {0});
+        } else if constexpr (std::is_same_v<C, VerifyCall>) {
+          fill_token_inputs(c, b, K, V, io_dtype);
+          c.cu_seqlens = b.tensor(DType::i32, {2}, {0, 1});
+          c.state = b.tensor(state_dtype, pool_shape);
+          c.cache_indices = b.tensor(DType::i32, {1}, {0});
+          c.scratch = b.tensor(state_dtype, {1, 1, 1, V, K});
+          c.scratch_row_map = b.tensor(DType::i32, {1}, {0});
+          c.scalars.draft_token_num = 1;
+        } else {
+          c.scratch = b.tensor(state_dtype, {1, 1, 1, V, K});
+          c.scratch_row_map = b.tensor(DType::i32, {1}, {0});
+          c.state = b.tensor(state_dtype, pool_shape);
+          c.cache_indices = b.tensor(DType::i32, {1}, {0});
+          c.accepted = b.tensor(DType::i32, {1}, {1});
+          c.scalars.draft_token_num = 1;
+        }
+      },
+      call);
+  if (b.error() != cudaSuccess) return cuda_failure("prepare: warm-up buffers", b.error());
+
+  cudaStream_t stream = nullptr;
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      e != cudaSuccess)
+    return cuda_failure("prepare: cudaStreamCreateWithFlags", e);
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> owned(stream,
+                                                                         &cudaStreamDestroy);
+  LaunchOptions options;
+  options.stream = stream;
+  options.guard = guard;
+  const Status ran = std::visit(
+      [&](const auto& c) -> Status {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, DecodeCall>) return decode(c, options);
+        else if constexpr (std::is_same_v<C, PrefillCall>) return prefill(c, options);
+        else if constexpr (std::is_same_v<C, VerifyCall>) return verify(c, options);
+        else return commit(c, options);
+      },
+      call);
+  if (!ran.ok()) return ran;
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+    return cuda_failure("prepare: the warm-up call", e);
+  unsigned long long word = 0;
+  if (const cudaError_t e =
+          cudaMemcpy(&word, guard.error_word, sizeof word, cudaMemcpyDeviceToHost);
+      e != cudaSuccess)
+    return cuda_failure("prepare: reading the warm-up error word", e);
+  if (word != 0)
+    return Status::failed(fmt::format("prepare: the warm-up call set error word {:#x}", word));
+  return Status::success();
 }
 
 }  // namespace kdaguard::gpu

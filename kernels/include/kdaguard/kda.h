@@ -4,12 +4,17 @@
 // host for every index tensor that carries a host copy of its values) and refuses a rejected call
 // with the violations before any launch: a refused call touches no memory. An accepted call is
 // lowered to its params struct and launched on the given stream. The launch path never
-// synchronises the device, so it can be captured in a CUDA graph, after one uncaptured call of
-// the same entry point and head dims on that device (the warm-up CUDA graphs usually need: that
-// call loads the kernels, grants decode its shared memory and, for prefill, creates the workspace
-// pool, steps CUDA may refuse during a capture). Only prefill needs memory of its own (the chunk
-// operands between its two kernels): it takes it stream-ordered from that per-device pool and
-// frees it on the stream after its kernels; under capture that becomes the graph's own allocation.
+// synchronises the device, so it can be captured in a CUDA graph once the entry point is prepared
+// for its head dims, dtypes and device: by prepare() or by one uncaptured call with at least one
+// row (that loads the kernels, grants decode its shared memory and, for prefill, creates the
+// workspace pool: steps CUDA may refuse during a capture). A call made under capture before that
+// is refused as unsupported, naming prepare(), before anything is captured.
+//
+// Only prefill needs memory of its own (the chunk operands between its two kernels):
+// prefill_workspace_bytes() says how much. The caller may pass it (LaunchOptions::workspace), so
+// that its allocator owns and accounts for it; otherwise prefill takes it stream-ordered from a
+// per-device pool of the library's and frees it on the stream after its kernels (under capture
+// that becomes the graph's own allocation; the pool keeps what it has handed out).
 //
 // Value rules whose values live only on the device are checked there by a guard kernel that runs
 // before the main kernel on the same stream. It needs a DeviceGuard from the caller: an error
@@ -40,9 +45,18 @@ struct DeviceGuard {
   std::int64_t row_flags_capacity = 0;
 };
 
+// Device memory for prefill's chunk operands, owned by the caller: at least
+// prefill_workspace_bytes() bytes, 16-byte aligned, not used by anything else until the stream
+// has run past the call. Only prefill uses it; the other entry points ignore it.
+struct Workspace {
+  void* data = nullptr;
+  std::int64_t bytes = 0;
+};
+
 struct LaunchOptions {
   cudaStream_t stream = nullptr;
   DeviceGuard guard;
+  Workspace workspace;  // prefill; empty: the library's pool lends it
   // Tuning: chunks of state rows (64 bytes per thread each) that every decode warp or verify
   // block walks, with the next chunk's loads in flight; 0 chooses (decode: about 8 per warp, or
   // equal shares over the resident grid when the batch is smaller; verify: from the grid size).
@@ -57,6 +71,24 @@ Status can_implement(const DecodeCall& call);
 Status can_implement(const PrefillCall& call);
 Status can_implement(const VerifyCall& call);
 Status can_implement(const CommitCall& call);
+
+// Bytes of workspace a prefill of total_tokens tokens in num_seqs sequences needs at these dims
+// and input dtype: 0 for f32 inputs (their kernel needs none) and for an empty call, -1 for dims
+// or a dtype the kernels do not run, or a size past int64. Non-decreasing in total_tokens and
+// num_seqs, so a workspace sized for the largest call an engine makes serves every smaller one.
+std::int64_t prefill_workspace_bytes(std::int64_t total_tokens, std::int64_t num_seqs,
+                                     std::int32_t HV, std::int32_t K, std::int32_t V,
+                                     DType io_dtype);
+
+// Readies entry point `entry` for calls with these head dims, q/k/v dtype and state dtype on
+// `device`, so that the next such call may be captured in a CUDA graph: it runs one small call of
+// that shape (with its guard kernel) on a stream of its own, waits for it and frees what it used.
+// Not capturable itself; calling it again is cheap (nothing runs once prepared).
+Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DType state_dtype,
+               Device device);
+// Whether such calls may be captured now (prepare() or an uncaptured call has run).
+bool prepared(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DType state_dtype,
+              Device device);
 
 // One token per request; state slot cache_indices[b] is updated in place; -1 rows get zero
 // outputs and no state access.

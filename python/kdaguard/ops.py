@@ -1,0 +1,302 @@
+"""The contract layout of kda.h with keyword arguments (shared/spec/contracts.md).
+
+Engines' shapes are accepted as views, never copies: a leading batch dim of 1 (``[1, T, H, K]``),
+``A_log`` as ``[1, 1, HV, 1]``, a raw gate ``a`` or ``g`` as ``[T, HV*K]``, ``b``/``beta`` as
+``[1, T, HV]``. A tensor that cannot be viewed so is passed on as it is and refused with its rule.
+Mutated tensors (state, out, scratch) are never reshaped, copied or made contiguous.
+
+Every entry point returns ``out`` (allocated as ``[T, HV, V]`` in v's dtype when not given).
+The ops are inference-only: an input that requires grad while grad mode is on is refused.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import (ContractViolation, DeviceGuardTripped, Unsupported, Violation, error_from_text,
+               rules)
+
+_ops = torch.ops.kdaguard
+_decode, _prefill, _verify, _commit = (_ops.decode.default, _ops.prefill.default,
+                                       _ops.verify.default, _ops.commit.default)
+_error_words: dict[torch.device, torch.Tensor] = {}
+
+
+def error_word(device) -> torch.Tensor:
+    """The default error word of `device` (int64[1]), which the device guard ORs rule bits into.
+    Created on first use, which must not be under CUDA graph capture (``warm_up`` creates it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    word = _error_words.get(device)
+    if word is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise Unsupported("kdaguard: the default error word of "
+                              f"{device} would be created under CUDA graph capture; call "
+                              "kdaguard.ops.warm_up(...) or pass error_word= before capturing")
+        word = torch.zeros(1, dtype=torch.int64, device=device)
+        _error_words[device] = word
+    return word
+
+
+_default_error_word = error_word
+
+
+def rules_in(word: int) -> tuple[str, ...]:
+    """The rule ids whose bits are set in an error word's value, in catalogue order."""
+    return tuple(r.id for r in rules() if word & r.bit)
+
+
+def check_error_word(word: torch.Tensor, *, reset: bool = True) -> None:
+    """Reads the error word (one device sync) and raises DeviceGuardTripped naming the rules the
+    device guard found broken; clears the word first when `reset`."""
+    value = int(word.reshape(-1)[0].item())
+    if reset and value:
+        word.zero_()
+    if value:
+        fired = rules_in(value)
+        text = (f"kdaguard: device guard tripped [{', '.join(fired)}]\n" +
+                "".join(f"{r} (device): rows breaking it were skipped\n" for r in fired))
+        raise DeviceGuardTripped(text, "device", fired,
+                                 tuple(Violation(r, "device", "rows breaking it were skipped")
+                                       for r in fired))
+
+
+def warm_up(device, *, K: int, V: int, io_dtype: torch.dtype, state_dtype: torch.dtype,
+            entries=("decode", "prefill", "verify", "commit")) -> None:
+    """Readies the entry points for these dims and dtypes on a CUDA device, so that the next
+    calls may be captured in a CUDA graph (kda.h: prepare), and creates the default error word."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for entry in entries:
+        _run(_ops.prepare.default, entry, K, V, io_dtype, state_dtype, index)
+    error_word(torch.device("cuda", index))
+
+
+def prefill_workspace_bytes(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: int,
+                            io_dtype: torch.dtype) -> int:
+    """Bytes of workspace a CUDA prefill of that size needs (0 for f32 inputs; -1 for dims
+    without kernels). A workspace sized for the largest call serves every smaller one."""
+    return int(_ops.prefill_workspace_bytes.default(total_tokens, num_seqs, HV, K, V, io_dtype))
+
+
+def prefill_workspace(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: int,
+                      io_dtype: torch.dtype, device) -> torch.Tensor:
+    """A workspace from torch's caching allocator for prefills up to that size."""
+    nbytes = prefill_workspace_bytes(total_tokens, num_seqs, HV=HV, K=K, V=V, io_dtype=io_dtype)
+    if nbytes < 0:
+        raise Unsupported(f"kdaguard: prefill unsupported: no kernels for HV={HV}, K={K}, V={V}, "
+                          f"{io_dtype}")
+    return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+
+
+def _run(op, *args):
+    if torch.compiler.is_compiling():
+        return op(*args)
+    try:
+        return op(*args)
+    except (ValueError, RuntimeError) as e:
+        err = error_from_text(str(e))
+        if err is None:
+            raise
+        raise err from None
+
+
+def _drop_batch1(t, rank):
+    # [1, T, ...] -> [T, ...], a view
+    if t is not None and t.dim() == rank + 1 and t.shape[0] == 1:
+        return t[0]
+    return t
+
+
+def _gate_rows(t, HV, K):
+    # [1, T, HV, K] or [T, HV*K] -> [T, HV, K], views only
+    if t is None:
+        return None
+    t = _drop_batch1(t, 3)
+    if t.dim() == 2 and t.shape[1] == HV * K:
+        try:
+            return t.view(t.shape[0], HV, K)
+        except RuntimeError:
+            return t
+    return t
+
+
+def _beta_rows(t):
+    if t is None:
+        return None
+    t = _drop_batch1(t, 2)
+    if t.dim() == 3 and t.shape[-1] == 1:
+        return t[..., 0]
+    return t
+
+
+def _a_log(t, HV):
+    if t is not None and t.dim() != 1 and t.numel() == HV:
+        try:
+            return t.view(HV)
+        except RuntimeError:
+            return t
+    return t
+
+
+def _refuse_grad(entry, tensors):
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t is not None and t.requires_grad:
+                raise Unsupported(
+                    f"kdaguard: {entry} unsupported: kdaguard is inference-only (no backward); "
+                    f"{name} requires grad while grad mode is on: run under torch.no_grad() or "
+                    "torch.inference_mode(), or detach it")
+
+
+def _state_layout(entry, state_layout):
+    if state_layout != "vk":
+        raise Unsupported(
+            f"kdaguard: {entry} unsupported: state_layout={state_layout!r}; kdaguard's pools are "
+            "V-first, [S, HV, V, K] ('vk'); a K-first pool ('kv', vLLM's) would be read "
+            "transposed, which the shapes alone cannot reveal when K == V")
+
+
+def _tokens(entry, q, k, v, a, g, A_log, dt_bias, b, beta):
+    q, k, v = _drop_batch1(q, 3), _drop_batch1(k, 3), _drop_batch1(v, 3)
+    HV = v.shape[-2] if v.dim() >= 2 else 0
+    K = q.shape[-1] if q.dim() >= 1 else 0
+    return (q, k, v, _gate_rows(a, HV, K), _gate_rows(g, HV, K), _a_log(A_log, HV), dt_bias,
+            _beta_rows(b), _beta_rows(beta))
+
+
+def _new_out(v):
+    return torch.empty(v.shape[0], v.shape[1], v.shape[2], dtype=v.dtype, device=v.device)
+
+
+def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias=None, b=None,
+           beta=None, cu_seqlens=None, out=None, scale=None, lower_bound=None,
+           use_qk_l2norm=False, error_word=None, cache_indices_cpu=None, state_layout="vk",
+           chunks_per_block=0):
+    """One token per request; state slot cache_indices[i] updated in place; -1 rows get zero
+    output and no state access. Returns out ``[B, HV, V]``."""
+    _state_layout("decode", state_layout)
+    if torch.is_grad_enabled():
+        _refuse_grad("decode", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
+                                "state": state})
+    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("decode", q, k, v, a, g, A_log, dt_bias, b,
+                                                     beta)
+    out = _new_out(v) if out is None else _drop_batch1(out, 3)
+    word = error_word if error_word is not None else _default_error_word(q.device)
+    _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
+         word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu, chunks_per_block)
+    return out
+
+
+def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None, g=None,
+            A_log=None, dt_bias=None, b=None, beta=None, out=None, workspace=None, scale=None,
+            lower_bound=None, use_qk_l2norm=False, error_word=None, cu_seqlens_cpu=None,
+            initial_state_indices_cpu=None, state_layout="vk"):
+    """Varlen prefill: sequence n's tokens [cu_seqlens[n], cu_seqlens[n+1]) start from slot
+    initial_state_indices[n], whose final state is written back in place. Returns out."""
+    _state_layout("prefill", state_layout)
+    if torch.is_grad_enabled():
+        _refuse_grad("prefill", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
+                                 "initial_state": initial_state})
+    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("prefill", q, k, v, a, g, A_log, dt_bias, b,
+                                                     beta)
+    out = _new_out(v) if out is None else _drop_batch1(out, 3)
+    word = error_word if error_word is not None else _default_error_word(q.device)
+    _run(_prefill, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, initial_state,
+         initial_state_indices, out, word, workspace, scale, lower_bound, use_qk_l2norm,
+         cu_seqlens_cpu, initial_state_indices_cpu)
+    return out
+
+
+def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_num,
+           scratch_row_map=None, scratch_indices=None, a=None, g=None, A_log=None, dt_bias=None,
+           b=None, beta=None, out=None, scale=None, lower_bound=None, use_qk_l2norm=False,
+           error_word=None, cu_seqlens_cpu=None, cache_indices_cpu=None, state_layout="vk",
+           chunks_per_block=0):
+    """N rows of up to T draft tokens from the committed state (read only); the state after step
+    t of row n goes to its scratch slot. Returns out."""
+    _state_layout("verify", state_layout)
+    if torch.is_grad_enabled():
+        _refuse_grad("verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
+    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("verify", q, k, v, a, g, A_log, dt_bias, b,
+                                                     beta)
+    out = _new_out(v) if out is None else _drop_batch1(out, 3)
+    word = error_word if error_word is not None else _default_error_word(q.device)
+    _run(_verify, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices,
+         scratch, scratch_row_map, scratch_indices, out, word, draft_token_num, scale,
+         lower_bound, use_qk_l2norm, cu_seqlens_cpu, cache_indices_cpu, chunks_per_block)
+    return out
+
+
+def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_row_map=None,
+           scratch_indices=None, cu_seqlens=None, error_word=None, state_layout="vk"):
+    """Copies the state after row n's last accepted step into slot cache_indices[n]."""
+    _state_layout("commit", state_layout)
+    word = error_word if error_word is not None else _default_error_word(state.device)
+    _run(_commit, scratch, scratch_row_map, scratch_indices, state, cache_indices, accepted,
+         cu_seqlens, word, draft_token_num)
+
+
+class Verdict(NamedTuple):
+    ok: bool
+    text: str                    # empty when ok, else the text the call would raise
+    error: Exception | None      # the ContractViolation / Unsupported the call would raise
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return getattr(self.error, "rules", ())
+
+
+def can_implement(entry: str, q=None, k=None, v=None, **kw) -> Verdict:
+    """Whether the call can run, without launching anything; never raises for a refusal."""
+    grad = {n: t for n, t in dict(q=q, k=k, v=v, **kw).items() if isinstance(t, torch.Tensor)}
+    try:
+        if "state_layout" in kw:
+            _state_layout(entry, kw.pop("state_layout"))
+        _refuse_grad(entry, grad)
+    except Unsupported as e:
+        return Verdict(False, str(e), e)
+    for name in ("error_word", "workspace", "cu_seqlens_cpu", "cache_indices_cpu",
+                 "initial_state_indices_cpu", "chunks_per_block"):
+        kw.pop(name, None)
+    if entry != "commit":
+        q, k, v, a, g, A_log, dt_bias, b, beta = _tokens(
+            entry, q, k, v, kw.pop("a", None), kw.pop("g", None), kw.pop("A_log", None),
+            kw.pop("dt_bias", None), kw.pop("b", None), kw.pop("beta", None))
+        out = kw.pop("out", None)
+        out = _new_out(v) if out is None else _drop_batch1(out, 3)
+        tok = (q, k, v, a, g, A_log, dt_bias, b, beta)
+        sc = (kw.pop("scale", None), kw.pop("lower_bound", None), kw.pop("use_qk_l2norm", False))
+    if entry == "decode":
+        text = _ops.can_decode.default(*tok, kw.pop("state"), kw.pop("cache_indices"),
+                                       kw.pop("cu_seqlens", None), out, *sc)
+    elif entry == "prefill":
+        text = _ops.can_prefill.default(*tok, kw.pop("cu_seqlens"), kw.pop("initial_state"),
+                                        kw.pop("initial_state_indices"), out, *sc)
+    elif entry == "verify":
+        text = _ops.can_verify.default(*tok, kw.pop("cu_seqlens"), kw.pop("state"),
+                                       kw.pop("cache_indices"), kw.pop("scratch"),
+                                       kw.pop("scratch_row_map", None),
+                                       kw.pop("scratch_indices", None), out,
+                                       kw.pop("draft_token_num"), *sc)
+    elif entry == "commit":
+        text = _ops.can_commit.default(kw.pop("scratch"), kw.pop("scratch_row_map", None),
+                                       kw.pop("scratch_indices", None), kw.pop("state"),
+                                       kw.pop("cache_indices"), kw.pop("accepted"),
+                                       kw.pop("cu_seqlens", None), kw.pop("draft_token_num"))
+    else:
+        raise ValueError(f"kdaguard: unknown entry point {entry!r}")
+    if kw:
+        raise TypeError(f"kdaguard.ops.can_implement({entry!r}): unexpected {sorted(kw)}")
+    if not text:
+        return Verdict(True, "", None)
+    err = error_from_text(text)
+    return Verdict(False, text, err)
+
+
+__all__ = ["ContractViolation", "Verdict", "can_implement", "check_error_word", "commit",
+           "decode", "error_word", "prefill", "prefill_workspace", "prefill_workspace_bytes",
+           "rules_in", "verify", "warm_up"]
