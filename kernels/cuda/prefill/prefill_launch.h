@@ -9,6 +9,10 @@
 // write q, k, v, gates or beta, and skip (and report through guard.error_word) any sequence whose
 // offsets or slot break a value rule, or that guard.row_flags marks.
 //
+// When sequences x value heads cannot keep the SMs busy, each sequence's chain is split into
+// spans of chunks (prefill_chain.cuh, ChainRole): the span length is chosen per call from the
+// shape and the device (choose_chunks_per_span), never from an earlier call.
+//
 // The workspace (about 21 KB per chunk of 16 tokens and value head at K = V = 128, i.e. about
 // 1.3 KB per token-head, the size of q, k, v, g and out together) is taken per call, stream
 // ordered, from a memory pool of the library's own per device, and given back on the same stream
@@ -18,6 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
 #include "kdaguard/params.h"
@@ -29,10 +34,34 @@ namespace kdaguard::gpu::detail {
 // 16-bit or f32 inputs, f32 or bf16 state).
 std::string prefill_unsupported_reason(const PrefillParams& p);
 
+// chunks_per_span for launch_prefill: let the call's shape choose (the entry point's choice).
+inline constexpr std::int32_t kChooseSpan = -1;
+
 // Returns the launch's cudaError_t (cudaSuccess when there was nothing to do, or
 // cudaErrorInvalidValue for params prefill_unsupported_reason refuses, or the workspace
-// allocation's error); never synchronises.
+// allocation's error); never synchronises. The split is the call's shape's choice.
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream);
+
+// The same with the split forced: chunks_per_span 0 (no split) or the span length in chunks
+// (the tests run both paths with it), or kChooseSpan.
+cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                     std::int32_t chunks_per_span);
+
+// What the split choice looks at: the call's shape and how many chain blocks the GPU holds.
+struct ChainSplitCosts {
+  std::int64_t total_tokens = 0;
+  std::int32_t num_seqs = 0, HV = 0;
+  int value_slices = 0;       // chain blocks per (sequence, value head)
+  int transition_slices = 0;  // transition blocks per (span, value head)
+  std::int64_t resident_blocks = 0;  // chain blocks resident on the whole GPU at once
+};
+
+// The span length (chunks) that minimises the modelled chain time, or 0 when not splitting is
+// as fast. Pure function of its argument.
+std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
+
+// Blocks of `kernel` the current device keeps resident at once (SMs x blocks per SM).
+cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
 // per sequence on the device; row_flags[n] != 0 makes the kernels skip sequence n. The signature
@@ -46,6 +75,7 @@ cudaError_t prefill_workspace_pool(cudaMemPool_t* pool);
 
 // The kernels of one (K, V) shape; one translation unit instantiates each.
 template <int K, int V>
-cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream);
+cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                 std::int32_t chunks_per_span);
 
 }  // namespace kdaguard::gpu::detail
