@@ -54,9 +54,10 @@ cudaError_t prefill_workspace_pool(cudaMemPool_t* pool) {
   return cudaSuccess;
 }
 
-// The model, in units of one chunk step of a chain block that has its SM's issue slots mostly to
-// itself (the chain is latency bound: ~0.7 us per step on the H200 for ~280 instructions per
-// warp, so a few blocks share an SM at little cost until the issue slots fill):
+// The model, in units of one chunk step of a chain block that has its SM to itself (~0.7 us per
+// step on the H200). A second block on an SM costs nearly a full step more: counting the 3
+// resident blocks per SM as free made T = 8192, H = 64, B = 1 split and run 1.15 ms against
+// 0.85 ms unsplit (H200, 2026-12-03), so `resident` is one block per SM:
 //   a phase of `blocks` blocks walking `steps` chunks takes steps * max(1, blocks / resident);
 //   whole:       C steps (C: mean chunks per sequence), N HV value_slices blocks;
 //   split in S spans of L chunks: transition L steps over N HV transition_slices (S - 1) blocks,
@@ -98,7 +99,8 @@ cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
       e != cudaSuccess)
     return e;
-  *blocks = static_cast<std::int64_t>(sms) * per_sm;
+  // One block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
+  *blocks = per_sm > 0 ? sms : 0;
   return cudaSuccess;
 }
 

@@ -53,14 +53,15 @@ struct ChainSplitCosts {
   std::int32_t num_seqs = 0, HV = 0;
   int value_slices = 0;       // chain blocks per (sequence, value head)
   int transition_slices = 0;  // transition blocks per (span, value head)
-  std::int64_t resident_blocks = 0;  // chain blocks resident on the whole GPU at once
+  std::int64_t resident_blocks = 0;  // chain blocks that each have an SM to themselves
 };
 
 // The span length (chunks) that minimises the modelled chain time, or 0 when not splitting is
 // as fast. Pure function of its argument.
 std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 
-// Blocks of `kernel` the current device keeps resident at once (SMs x blocks per SM).
+// Chain blocks the current device runs each on an SM of its own: the SM count (0 if `kernel`
+// cannot be resident at all).
 cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
