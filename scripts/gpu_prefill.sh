@@ -3,7 +3,7 @@
 # and compute-sanitizer on a small sample, each step under its own time limit, logs under $OUT.
 # Binaries come prebuilt in .carry/prefill (prefill_conformance, bench_prefill), shared
 # libraries in .carry/lib, the fla-core wheel in .whl. Usage: scripts/gpu_prefill.sh [steps...]
-# with steps from: conformance bench split peer sanitizer (default: all but split, in that
+# with steps from: conformance bench split peer sanitizer plot (default: all but split, in that
 # order). Environment: RC_CASES (random calls, default 1500), BENCH_FILTER (a Google Benchmark
 # filter, default all), PEER_SHAPES (substrings of the peer's shape names, default all).
 set -u -o pipefail
@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 BIN=.carry/prefill
 export LD_LIBRARY_PATH=$PWD/.carry/lib:${LD_LIBRARY_PATH:-}
-steps=${*:-conformance bench peer sanitizer}
+steps=${*:-conformance bench peer plot sanitizer}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 
 for step in $steps; do
@@ -42,6 +42,10 @@ for step in $steps; do
         ${PEER_SHAPES:-} > "$OUT/peer.log" 2>&1
       echo "exit $?"
       grep "peer chunk_kda" "$OUT/peer.log"; tail -3 "$OUT/peer.log" | cut -c1-300 ;;
+    plot)
+      # Token-heads per second against heads, ours and the peer, next to the logs.
+      python3 bench/plot_prefill.py "$OUT/bench.json" "$OUT/peer.log" "$OUT/prefill_heads.png"
+      echo "exit $?" ;;
     sanitizer)
       # A sample of every kernel: prepare + chain (bf16, f16, both paths of the L/A pass, guard
       # faults, a 4100-token sequence), the f32 kernel and the guard.

@@ -20,16 +20,20 @@ RAGGED = [1500, 37, 900, 1, 2048, 640, 113, 1200, 753, 1000]  # as in bench_pref
 
 
 def shapes():
+    # Issue 13's shapes, the small head counts first (where the split matters).
+    yield "T=8192 H=12 B=1", [8192], 12
+    yield "T=65536 H=4 B=1", [65536], 4
     yield "T=8192 H=64 B=1", [8192], 64
-    yield "T=8192 H=32 B=1", [8192], 32
+    for H in (24, 32, 96):
+        yield f"T=8192 H={H} B=1", [8192], H
+    for T in (32768, 65536, 131072):
+        for H in (4, 12):
+            if (T, H) != (65536, 4):
+                yield f"T={T} H={H} B=1", [T], H
+    yield "T=8192 H=12 B=2", [8192] * 2, 12
+    yield "T=8192 H=64 B=2", [8192] * 2, 64
+    yield "ragged10 H=12", RAGGED, 12
     yield "ragged10 H=64", RAGGED, 64
-    yield "ragged10 H=32", RAGGED, 32
-    for T in (512, 8192, 32768):
-        for H in (32, 64):
-            for B in (1, 2):
-                if (T, H, B) in ((8192, 64, 1), (8192, 32, 1)):
-                    continue
-                yield f"T={T} H={H} B={B}", [T] * B, H
 
 
 def time_shape(lens, H):

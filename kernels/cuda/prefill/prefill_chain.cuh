@@ -12,6 +12,16 @@
 //   S    = S diag(e^(G_C)) + Vnew^T Kd
 // Vnew goes from accumulator to A/B operand in registers (movmatrix transposes). The operands of
 // the next kStages - 1 chunks are in flight (cp.async ring) while a chunk computes.
+//
+// Substituting Vnew, one chunk maps S to S M + R with M = diag(e^(G_C)) + (-W)^T Kd (K x K) and
+// R = U^T Kd, so a span of chunks maps S to S P + Q, P the product of its M and Q the state it
+// leaves from S = 0. When sequences x value heads cannot keep the SMs busy the chain is split
+// (ChainRole): the transition kernel runs every span but the last at once, its value rows from a
+// zero state (Q) and K further rows from the identity (P: the same step with U = 0, since
+// P M = P diag(e^(G_C)) + ((-W) P^T)^T Kd); the combine kernel (prefill_combine.cuh) walks the
+// spans, S_(j+1) = S_j P_j + Q_j; the span kernel reruns each span from its true entering state
+// with the outputs. The split path is the unsplit step regrouped: the same operands, the same
+// roundings, plus one product per span in the combine.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,6 +36,18 @@
 namespace kdaguard::gpu::prefill {
 
 inline constexpr int kChainStages = 4;
+
+enum class ChainRole {
+  whole,       // a sequence's chunks, from its pool slot's state back to it, with the outputs
+  transition,  // a span (not a sequence's last) from 0 and from the identity: its Q and P
+  span,        // a span from its entering state, with the outputs; the last span writes the pool
+};
+
+// The split of a call's chains (ChainRole transition and span, and the combine kernel).
+struct ChainSplit {
+  std::int32_t chunks_per_span = 0;
+  unsigned char* spans = nullptr;  // SpanOperands per (span slot, value head)
+};
 
 template <int K, int V, int kWarps> struct ChainStage {
   static constexpr int kRows = 16 * kWarps;  // state rows of the block
@@ -47,7 +69,8 @@ template <int K, int V, int kWarps> struct ChainShared {
 // The copies of one chunk's operands (the block's U columns only) into a stage. Each thread's
 // share is fixed: the same rows and segments of every chunk, so the addresses are computed once
 // and a chunk's copies differ only by the chunk's and the stage's base.
-template <int K, int V, int kWarps> struct OperandFetch {
+// kOutputs: the chunk's e^G Q and A too (the transition kernel writes no outputs).
+template <int K, int V, int kWarps, bool kOutputs> struct OperandFetch {
   using Ops = ChunkOperands<K, V>;
   using Stage = ChainStage<K, V, kWarps>;
   static constexpr int kThreads = 32 * kWarps;
@@ -59,8 +82,9 @@ template <int K, int V, int kWarps> struct OperandFetch {
   static_assert(kThreads % kSegU == 0 && kChunk % kRowsPerPassU == 0);
 
   int tile_src, tile_dst, u_src, u_dst;  // byte offsets within a chunk's operands / a stage
+  bool with_u;                           // false for the transition's identity rows (U = 0)
 
-  __device__ __forceinline__ OperandFetch(int row0) {
+  __device__ __forceinline__ OperandFetch(int row0, bool fetch_u) : with_u(fetch_u) {
     const int tid = threadIdx.x;
     const int rk = tid / kSegK, sk = tid % kSegK;
     tile_src = rk * K * 2 + sk * 16;
@@ -72,22 +96,25 @@ template <int K, int V, int kWarps> struct OperandFetch {
 
   __device__ __forceinline__ void issue(const unsigned char* ops, Stage& st) const {
     unsigned char* stage = reinterpret_cast<unsigned char*>(&st);
-    constexpr int kTileSrc[3] = {Ops::kWneg, Ops::kQg, Ops::kKd};
-    constexpr int kTileDst[3] = {static_cast<int>(offsetof(Stage, Wneg)), static_cast<int>(offsetof(Stage, Qg)),
-                                 static_cast<int>(offsetof(Stage, Kd))};
+    constexpr int kTiles = kOutputs ? 3 : 2;
+    constexpr int kTileSrc[3] = {Ops::kWneg, Ops::kKd, Ops::kQg};
+    constexpr int kTileDst[3] = {static_cast<int>(offsetof(Stage, Wneg)), static_cast<int>(offsetof(Stage, Kd)),
+                                 static_cast<int>(offsetof(Stage, Qg))};
 #pragma unroll
-    for (int t = 0; t < 3; ++t)
+    for (int t = 0; t < kTiles; ++t)
 #pragma unroll
       for (int pass = 0; pass < kChunk / kRowsPerPassK; ++pass)
         cp_async_16(stage + kTileDst[t] + pass * kRowsPerPassK * Stage::kLdK * 2 + tile_dst,
                     ops + kTileSrc[t] + pass * kRowsPerPassK * K * 2 + tile_src);
+    if (with_u) {
 #pragma unroll
-    for (int pass = 0; pass < kChunk / kRowsPerPassU; ++pass)
-      cp_async_16(stage + u_dst + pass * kRowsPerPassU * Stage::kRows * 4,
-                  ops + u_src + pass * kRowsPerPassU * V * 4);
+      for (int pass = 0; pass < kChunk / kRowsPerPassU; ++pass)
+        cp_async_16(stage + u_dst + pass * kRowsPerPassU * Stage::kRows * 4,
+                    ops + u_src + pass * kRowsPerPassU * V * 4);
+    }
     const int tid = threadIdx.x;
     if (tid < 2 * kChunk) {  // A: 16 rows of two segments
-      cp_async_16(&st.A[tid / 2][(tid % 2) * 8], ops + Ops::kA + tid * 16);
+      if (kOutputs) cp_async_16(&st.A[tid / 2][(tid % 2) * 8], ops + Ops::kA + tid * 16);
     } else if (tid < 2 * kChunk + K / 4) {  // e^(G_C)
       const int i = tid - 2 * kChunk;
       cp_async_16(&st.decay[4 * i], ops + Ops::kDecay + i * 16);
@@ -95,85 +122,142 @@ template <int K, int V, int kWarps> struct OperandFetch {
   }
 };
 
-template <int K, int V, int kWarps>
+// The state element pair (S[nt][2 half], S[nt][2 half + 1]) of a warp's accumulators: row
+// v0 + group + 8 half, columns 8 nt + 2 quad and + 1, read from or written to a pool slot
+// (f32 or bf16) or a span's f32 state.
+template <int K> struct StatePairs {
+  float (&S)[K / 8][4];
+  int v0, group, quad;
+
+  __device__ __forceinline__ std::int64_t at(int nt, int half) const {
+    return static_cast<std::int64_t>(v0 + group + 8 * half) * K + 8 * nt + 2 * quad;
+  }
+  __device__ __forceinline__ void load(const void* base, DType dtype) {
+#pragma unroll
+    for (int nt = 0; nt < K / 8; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (dtype == DType::f32) {
+          const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(base) + at(nt, half));
+          S[nt][2 * half] = x.x;
+          S[nt][2 * half + 1] = x.y;
+        } else {
+          const std::uint32_t x =
+              *reinterpret_cast<const std::uint32_t*>(static_cast<const std::uint16_t*>(base) + at(nt, half));
+          S[nt][2 * half] = __uint_as_float(x << 16);
+          S[nt][2 * half + 1] = __uint_as_float(x & 0xffff0000u);
+        }
+      }
+  }
+  __device__ __forceinline__ void store(void* base, DType dtype) const {
+#pragma unroll
+    for (int nt = 0; nt < K / 8; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float lo = S[nt][2 * half], hi = S[nt][2 * half + 1];
+        if (dtype == DType::f32) {
+          *reinterpret_cast<float2*>(static_cast<float*>(base) + at(nt, half)) = make_float2(lo, hi);
+        } else {
+          *reinterpret_cast<std::uint32_t*>(static_cast<std::uint16_t*>(base) + at(nt, half)) = pack_bf16(lo, hi);
+        }
+      }
+  }
+};
+
+// Grid: one block per (unit, value head, row slice), the slice fastest; a unit is a sequence
+// (whole) or a span slot (transition, span). The transition's slices are the V value rows, then
+// the K identity rows.
+template <int K, int V, int kWarps, ChainRole kRole>
 __global__ void __launch_bounds__(32 * kWarps)
     prefill_chain_kernel(const PrefillParams p, const GuardState guard,
-                         const unsigned char* workspace) {
+                         const unsigned char* workspace, const ChainSplit split) {
   using Ops = ChunkOperands<K, V>;
+  using Spans = SpanOperands<K, V>;
   using Stage = ChainStage<K, V, kWarps>;
-  constexpr int kSlices = V / Stage::kRows;
+  constexpr bool kOutputs = kRole != ChainRole::transition;
+  constexpr int kValueSlices = V / Stage::kRows;
+  constexpr int kSlices = kRole == ChainRole::transition ? (V + K) / Stage::kRows : kValueSlices;
+  static_assert(K % Stage::kRows == 0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<ChainShared<K, V, kWarps>*>(smem_raw);
 
   const std::int64_t b = blockIdx.x;
   const int slice = static_cast<int>(b % kSlices);
   const int hv = static_cast<int>((b / kSlices) % p.in.HV);
-  const std::int32_t n = static_cast<std::int32_t>(b / kSlices / p.in.HV);
+  const std::int64_t unit = b / kSlices / p.in.HV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
 
-  const Sequence seq =
-      resolve_sequence(p, n, guard, /*report=*/hv == 0 && slice == 0 && threadIdx.x == 0);
+  const std::int64_t span_tokens = static_cast<std::int64_t>(kChunk) * split.chunks_per_span;
+  const std::int32_t n = kRole == ChainRole::whole ? static_cast<std::int32_t>(unit)
+                                                   : sequence_of_slot(p, unit, span_tokens);
+  // Faults are reported once per sequence: by the whole kernel, or by the combine kernel.
+  const Sequence seq = resolve_sequence(
+      p, n, guard, /*report=*/kRole == ChainRole::whole && hv == 0 && slice == 0 && threadIdx.x == 0);
   if (!seq.runs || seq.length == 0) return;  // an empty sequence keeps its slot untouched
   const int num_chunks = static_cast<int>((seq.length + kChunk - 1) / kChunk);
-  const int row0 = slice * Stage::kRows;      // the block's first state row
-  const int v0 = row0 + 16 * warp;            // the warp's first state row
+  int c_begin = 0, c_end = num_chunks;
+  bool writes_pool = kRole == ChainRole::whole;
+  unsigned char* span_ops = nullptr;
+  if constexpr (kRole != ChainRole::whole) {
+    const std::int64_t j = unit - unit_slot(seq.begin, n, 0, span_tokens);
+    const int num_spans = (num_chunks + split.chunks_per_span - 1) / split.chunks_per_span;
+    if (j < 0 || j >= num_spans) return;  // a span slot between two sequences' spans
+    const bool last = j == num_spans - 1;
+    if (kRole == ChainRole::transition && last) return;  // nothing needs the last span's map
+    writes_pool = last;
+    c_begin = static_cast<int>(j) * split.chunks_per_span;
+    c_end = c_begin + split.chunks_per_span < num_chunks ? c_begin + split.chunks_per_span : num_chunks;
+    span_ops = split.spans + (unit * p.in.HV + hv) * Spans::kBytes;
+  }
+  // The transition's identity rows (block-uniform): state rows are P's, U = 0.
+  const bool identity_rows = kRole == ChainRole::transition && slice >= kValueSlices;
+  const int row0 = (identity_rows ? slice - kValueSlices : slice) * Stage::kRows;  // the block's first row
+  const int v0 = row0 + 16 * warp;  // the warp's first row
+  const int steps = c_end - c_begin;
   const std::int64_t chunk_stride = static_cast<std::int64_t>(p.in.HV) * Ops::kBytes;
   const unsigned char* ops0 =
-      workspace + (workspace_slot(seq.begin, n, 0) * p.in.HV + hv) * Ops::kBytes;
+      workspace + (workspace_slot(seq.begin, n, c_begin) * p.in.HV + hv) * Ops::kBytes;
 
-  const OperandFetch<K, V, kWarps> fetch(row0);
+  const OperandFetch<K, V, kWarps, kOutputs> fetch(row0, !identity_rows);
 #pragma unroll
   for (int st = 0; st < kChainStages - 1; ++st) {
-    if (st < num_chunks) fetch.issue(ops0 + st * chunk_stride, sm.stage[st]);
+    if (st < steps) fetch.issue(ops0 + st * chunk_stride, sm.stage[st]);
     cp_async_commit();  // one group per chunk, empty past the end, so the counts stay uniform
   }
 
   // The warp's state rows S[v][k], v in [v0, v0 + 16): accumulator tile nt covers k in
   // [8 nt, 8 nt + 8).
-  const std::int64_t head_offset =
-      seq.slot * p.state.slot_stride + static_cast<std::int64_t>(hv) * V * K;
-  // The pool element of the accumulator pair (S[nt][2 half], S[nt][2 half + 1]): read here, written
-  // back after the last chunk.
-  const auto state_at = [&](int nt, int half) {
-    return head_offset + static_cast<std::int64_t>(v0 + group + 8 * half) * K + 8 * nt + 2 * quad;
-  };
   float S[K / 8][4];
+  StatePairs<K> pairs{S, v0, group, quad};
+  void* const pool_head = static_cast<unsigned char*>(p.state.data) +
+                          (seq.slot * p.state.slot_stride + static_cast<std::int64_t>(hv) * V * K) *
+                              (p.state.dtype == DType::f32 ? 4 : 2);
+  float decay_product[2] = {1.f, 1.f};  // identity rows: e^(G_C) of rows v0 + group (+ 8) so far
+  if constexpr (kRole == ChainRole::whole) {
+    pairs.load(pool_head, p.state.dtype);
+  } else if constexpr (kRole == ChainRole::span) {
+    pairs.load(span_ops + Spans::kState, DType::f32);
+  } else {
 #pragma unroll
-  for (int nt = 0; nt < K / 8; ++nt) {
+    for (int nt = 0; nt < K / 8; ++nt)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t at = state_at(nt, half);
-      float lo, hi;
-      if (p.state.dtype == DType::f32) {
-        const float2 x = *reinterpret_cast<const float2*>(static_cast<const float*>(p.state.data) + at);
-        lo = x.x;
-        hi = x.y;
-      } else {
-        const std::uint32_t x =
-            *reinterpret_cast<const std::uint32_t*>(static_cast<const std::uint16_t*>(p.state.data) + at);
-        lo = __uint_as_float(x << 16);
-        hi = __uint_as_float(x & 0xffff0000u);
-      }
-      S[nt][2 * half] = lo;
-      S[nt][2 * half + 1] = hi;
-    }
+      for (int e = 0; e < 4; ++e)
+        S[nt][e] = identity_rows && v0 + group + 8 * (e / 2) == 8 * nt + 2 * quad + (e % 2) ? 1.f : 0.f;
   }
   const bool out_bf16 = p.in.io_dtype == DType::bf16;
   std::uint16_t* out_base = static_cast<std::uint16_t*>(p.out.data) +
                             static_cast<std::int64_t>(hv) * p.out.head_stride;
 
-  for (int c = 0; c < num_chunks; ++c) {
+  for (int i = 0; i < steps; ++i) {
+    const int c = c_begin + i;
     cp_async_wait_pending<kChainStages - 2>();
     __syncthreads();  // chunk c's stage landed for every thread; chunk c - 1's stage is consumed
-    if (c + kChainStages - 1 < num_chunks)
-      fetch.issue(ops0 + (c + kChainStages - 1) * chunk_stride,
-                  sm.stage[(c + kChainStages - 1) % kChainStages]);
+    if (i + kChainStages - 1 < steps)
+      fetch.issue(ops0 + (i + kChainStages - 1) * chunk_stride,
+                  sm.stage[(i + kChainStages - 1) % kChainStages]);
     cp_async_commit();
-    const Stage& st = sm.stage[c % kChainStages];
-    const int rows = static_cast<int>(seq.length - static_cast<std::int64_t>(c) * kChunk < kChunk
-                                          ? seq.length - static_cast<std::int64_t>(c) * kChunk
-                                          : kChunk);
+    const Stage& st = sm.stage[i % kChainStages];
 
     // Vnew = U + (-W) S^T and O = (e^G Q) S^T; S^T is the B operand, straight from registers.
     // Even and odd k-steps accumulate apart to halve the dependent chain.
@@ -181,8 +265,11 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int col = 16 * warp + nt * 8 + 2 * quad;
-      const float2 u_lo = *reinterpret_cast<const float2*>(&st.U[group][col]);
-      const float2 u_hi = *reinterpret_cast<const float2*>(&st.U[group + 8][col]);
+      float2 u_lo = make_float2(0.f, 0.f), u_hi = u_lo;
+      if (!identity_rows) {
+        u_lo = *reinterpret_cast<const float2*>(&st.U[group][col]);
+        u_hi = *reinterpret_cast<const float2*>(&st.U[group + 8][col]);
+      }
       vnew[0][nt][0] = u_lo.x;
       vnew[0][nt][1] = u_lo.y;
       vnew[0][nt][2] = u_hi.x;
@@ -195,17 +282,20 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks) {
-      std::uint32_t aw[4], aq[4];
+      std::uint32_t aw[4];
       ldmatrix_x4(aw, &st.Wneg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-      ldmatrix_x4(aq, &st.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
       const std::uint32_t b_lo0 = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
       const std::uint32_t b_lo1 = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
       const std::uint32_t b_hi0 = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
       const std::uint32_t b_hi1 = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
       mma_bf16(vnew[ks % 2][0], aw, b_lo0, b_lo1);
       mma_bf16(vnew[ks % 2][1], aw, b_hi0, b_hi1);
-      mma_bf16(out[0], aq, b_lo0, b_lo1);
-      mma_bf16(out[1], aq, b_hi0, b_hi1);
+      if constexpr (kOutputs) {
+        std::uint32_t aq[4];
+        ldmatrix_x4(aq, &st.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+        mma_bf16(out[0], aq, b_lo0, b_lo1);
+        mma_bf16(out[1], aq, b_hi0, b_hi1);
+      }
     }
     // Vnew in bf16, transposed per 8x8 block: vt[nt][h] holds Vnew^T rows v = 16 warp + 8 nt + g,
     // columns c = 8 h + 2q, which is both the A operand of Vnew^T Kd and the B operand of A Vnew.
@@ -235,6 +325,11 @@ __global__ void __launch_bounds__(32 * kWarps)
       mma_bf16(S[2 * np], av, bk[0], bk[1]);
       mma_bf16(S[2 * np + 1], av, bk[2], bk[3]);
     }
+    if (identity_rows) {
+      decay_product[0] *= st.decay[v0 + group];
+      decay_product[1] *= st.decay[v0 + group + 8];
+    }
+    if constexpr (!kOutputs) continue;
 
     // O += A Vnew, then out.
     {
@@ -243,6 +338,9 @@ __global__ void __launch_bounds__(32 * kWarps)
       mma_bf16(out[0], a, vt[0][0], vt[0][1]);
       mma_bf16(out[1], a, vt[1][0], vt[1][1]);
     }
+    const int rows = static_cast<int>(seq.length - static_cast<std::int64_t>(c) * kChunk < kChunk
+                                          ? seq.length - static_cast<std::int64_t>(c) * kChunk
+                                          : kChunk);
     std::uint16_t* out_rows = out_base + (seq.begin + static_cast<std::int64_t>(c) * kChunk + group) *
                                              p.out.token_stride + v0 + 2 * quad;
     std::uint32_t packed[2][2];
@@ -271,19 +369,29 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   cp_async_wait_all();  // no copy may outlive the block (the empty groups past the end included)
 
-#pragma unroll
-  for (int nt = 0; nt < K / 8; ++nt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t at = state_at(nt, half);
-      const float lo = S[nt][2 * half], hi = S[nt][2 * half + 1];
-      if (p.state.dtype == DType::f32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.state.data) + at) = make_float2(lo, hi);
-      } else {
-        *reinterpret_cast<std::uint32_t*>(static_cast<std::uint16_t*>(p.state.data) + at) =
-            pack_bf16(lo, hi);
-      }
+  if constexpr (kRole == ChainRole::transition) {
+    if (!identity_rows) {
+      pairs.store(span_ops + Spans::kState, DType::f32);
+      return;
     }
+    // E = P - diag(D) in bf16, D in f32.
+    auto* carry = reinterpret_cast<std::uint32_t*>(span_ops + Spans::kCarry);
+#pragma unroll
+    for (int nt = 0; nt < K / 8; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = v0 + group + 8 * half, k = 8 * nt + 2 * quad;
+        const float lo = S[nt][2 * half] - (r == k ? decay_product[half] : 0.f);
+        const float hi = S[nt][2 * half + 1] - (r == k + 1 ? decay_product[half] : 0.f);
+        carry[(r * K + k) / 2] = pack_bf16(lo, hi);
+      }
+    if (quad == 0) {
+      auto* decay = reinterpret_cast<float*>(span_ops + Spans::kDecay);
+      decay[v0 + group] = decay_product[0];
+      decay[v0 + group + 8] = decay_product[1];
+    }
+  } else {
+    if (writes_pool) pairs.store(pool_head, p.state.dtype);
   }
 }
 

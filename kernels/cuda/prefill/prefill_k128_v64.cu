@@ -2,5 +2,6 @@
 #include "prefill_shape.cuh"
 
 namespace kdaguard::gpu::detail {
-template cudaError_t launch_prefill_shape<128, 64>(const PrefillParams&, GuardState, cudaStream_t);
+template cudaError_t launch_prefill_shape<128, 64>(const PrefillParams&, GuardState, cudaStream_t,
+                                                            std::int32_t);
 }

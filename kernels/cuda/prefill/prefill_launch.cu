@@ -1,6 +1,7 @@
 // Dispatch of a prefill to the kernels of its (K, V) shape.
 #include "prefill_launch.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -42,16 +43,15 @@ std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
   return bytes;
 }
 
-cudaError_t prefill_workspace_take(const PrefillParams& p, cudaStream_t stream, void** workspace) {
+cudaError_t prefill_workspace_take(const PrefillParams& p, std::size_t bytes, cudaStream_t stream,
+                                   void** workspace) {
   if (p.workspace != nullptr) {
     *workspace = p.workspace;
     return cudaSuccess;
   }
   cudaMemPool_t pool = nullptr;
   if (cudaError_t e = prefill_workspace_pool(&pool); e != cudaSuccess) return e;
-  const std::int64_t bytes = prefill_workspace_bytes(p);
-  if (bytes < 0) return cudaErrorInvalidConfiguration;
-  return cudaMallocFromPoolAsync(workspace, static_cast<std::size_t>(bytes), pool, stream);
+  return cudaMallocFromPoolAsync(workspace, bytes, pool, stream);
 }
 
 cudaError_t prefill_workspace_give_back(const PrefillParams& p, void* workspace,
@@ -87,14 +87,69 @@ cudaError_t prefill_workspace_pool(cudaMemPool_t* pool) {
   return cudaSuccess;
 }
 
-cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
-  if (!prefill_unsupported_reason(p).empty()) return cudaErrorInvalidValue;
-  if (p.in.K == 64) {
-    return p.in.V == 64 ? launch_prefill_shape<64, 64>(p, guard, stream)
-                        : launch_prefill_shape<64, 128>(p, guard, stream);
+// The model, in units of one chunk step of a chain block that has its SM to itself (~0.7 us per
+// step on the H200). A second block on an SM costs nearly a full step more: counting the 3
+// resident blocks per SM as free made T = 8192, H = 64, B = 1 split and run 1.15 ms against
+// 0.85 ms unsplit (H200, 2026-12-03), so `resident` is one block per SM:
+//   a phase of `blocks` blocks walking `steps` chunks takes steps * max(1, blocks / resident);
+//   whole:       C steps (C: mean chunks per sequence), N HV value_slices blocks;
+//   split in S spans of L chunks: transition L steps over N HV transition_slices (S - 1) blocks,
+//   combine kCombineSteps per span (S spans one after another), span kernel L steps over
+//   N HV value_slices S blocks, and two more launches.
+std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
+  constexpr double kCombineSteps = 1.5;  // one span of the combine: 128 mma per warp, no chain
+  constexpr double kLaunchSteps = 3.0;   // a launch and its ramp, in chunk steps
+  constexpr std::int64_t kMaxSpans = 1024;
+  if (c.num_seqs <= 0 || c.HV <= 0 || c.resident_blocks <= 0) return 0;
+  const std::int64_t chunks = (c.total_tokens / 16 + c.num_seqs - 1) / c.num_seqs;  // mean, rounded up
+  if (chunks < 4) return 0;
+  const double resident = static_cast<double>(c.resident_blocks);
+  const double heads = static_cast<double>(c.num_seqs) * c.HV;
+  const auto phase = [&](double steps, double blocks) { return steps * std::max(1.0, blocks / resident); };
+  double best = phase(static_cast<double>(chunks), heads * c.value_slices);
+  std::int32_t best_span = 0;
+  for (std::int64_t spans = 2; spans <= std::min(chunks, kMaxSpans); ++spans) {
+    const std::int64_t span = (chunks + spans - 1) / spans;
+    const double cost = phase(static_cast<double>(span), heads * c.transition_slices * (spans - 1)) +
+                        kCombineSteps * static_cast<double>(spans) +
+                        phase(static_cast<double>(span), heads * c.value_slices * spans) + 2 * kLaunchSteps;
+    if (cost < best) {
+      best = cost;
+      best_span = static_cast<std::int32_t>(span);
+    }
   }
-  return p.in.V == 64 ? launch_prefill_shape<128, 64>(p, guard, stream)
-                      : launch_prefill_shape<128, 128>(p, guard, stream);
+  return best_span;
+}
+
+cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+      e != cudaSuccess)
+    return e;
+  // One block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
+  *blocks = per_sm > 0 ? sms : 0;
+  return cudaSuccess;
+}
+
+cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
+  return launch_prefill_with_span(p, guard, stream, kChooseSpan);
+}
+
+cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                     std::int32_t chunks_per_span) {
+  if (!prefill_unsupported_reason(p).empty() || chunks_per_span < kChooseSpan) return cudaErrorInvalidValue;
+  if (p.in.K == 64) {
+    return p.in.V == 64 ? launch_prefill_shape<64, 64>(p, guard, stream, chunks_per_span)
+                        : launch_prefill_shape<64, 128>(p, guard, stream, chunks_per_span);
+  }
+  return p.in.V == 64 ? launch_prefill_shape<128, 64>(p, guard, stream, chunks_per_span)
+                      : launch_prefill_shape<128, 128>(p, guard, stream, chunks_per_span);
 }
 
 }  // namespace kdaguard::gpu::detail

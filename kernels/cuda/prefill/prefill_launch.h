@@ -9,6 +9,10 @@
 // write q, k, v, gates or beta, and skip (and report through guard.error_word) any sequence whose
 // offsets or slot break a value rule, or that guard.row_flags marks.
 //
+// When sequences x value heads cannot keep the SMs busy, each sequence's chain is split into
+// spans of chunks (prefill_chain.cuh, ChainRole): the span length is chosen per call from the
+// shape and the device (choose_chunks_per_span), never from an earlier call.
+//
 // The workspace (about 21 KB per chunk of 16 tokens and value head at K = V = 128, i.e. about
 // 1.3 KB per token-head, the size of q, k, v, g and out together) is the caller's when
 // PrefillParams::workspace is set (the engine's allocator then owns and accounts for it, and a
@@ -20,6 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
 #include "kdaguard/params.h"
@@ -31,10 +36,35 @@ namespace kdaguard::gpu::detail {
 // 16-bit or f32 inputs, f32 or bf16 state).
 std::string prefill_unsupported_reason(const PrefillParams& p);
 
+// chunks_per_span for launch_prefill: let the call's shape choose (the entry point's choice).
+inline constexpr std::int32_t kChooseSpan = -1;
+
 // Returns the launch's cudaError_t (cudaSuccess when there was nothing to do, or
 // cudaErrorInvalidValue for params prefill_unsupported_reason refuses, or the workspace
-// allocation's error); never synchronises.
+// allocation's error); never synchronises. The split is the call's shape's choice.
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream);
+
+// The same with the split forced: chunks_per_span 0 (no split) or the span length in chunks
+// (the tests run both paths with it), or kChooseSpan.
+cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                     std::int32_t chunks_per_span);
+
+// What the split choice looks at: the call's shape and how many chain blocks the GPU holds.
+struct ChainSplitCosts {
+  std::int64_t total_tokens = 0;
+  std::int32_t num_seqs = 0, HV = 0;
+  int value_slices = 0;       // chain blocks per (sequence, value head)
+  int transition_slices = 0;  // transition blocks per (span, value head)
+  std::int64_t resident_blocks = 0;  // chain blocks that each have an SM to themselves
+};
+
+// The span length (chunks) that minimises the modelled chain time, or 0 when not splitting is
+// as fast. Pure function of its argument.
+std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
+
+// Chain blocks the current device runs each on an SM of its own: the SM count (0 if `kernel`
+// cannot be resident at all).
+cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
 // per sequence on the device; row_flags[n] != 0 makes the kernels skip sequence n. The signature
@@ -43,15 +73,17 @@ cudaError_t launch_prefill_guard(const PrefillParams& p, const GuardExtras& extr
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream);
 
-// Bytes of workspace the tensor-core kernels need for p (0 for f32 inputs or an empty call; -1
-// when the size overflows int64). The one place the size is computed: the size query of kda.h
-// and the pool's allocation both use it.
+// Bytes of workspace the tensor-core kernels need for p with the chain unsplit (0 for f32 inputs
+// or an empty call; -1 when the size overflows int64): what the size query of kda.h reports. A
+// call given a caller's workspace runs its chain unsplit; the library's pool serves the split
+// chain's larger layout (prefill::workspace_layout).
 std::int64_t prefill_workspace_bytes(const PrefillParams& p);
 
 // The workspace of one call: p.workspace when the caller gave one, else a stream-ordered
-// allocation of prefill_workspace_bytes(p) from the library's pool, which give_back frees on the
+// allocation of `bytes` from the library's pool, which give_back frees on the
 // stream (a no-op for the caller's).
-cudaError_t prefill_workspace_take(const PrefillParams& p, cudaStream_t stream, void** workspace);
+cudaError_t prefill_workspace_take(const PrefillParams& p, std::size_t bytes, cudaStream_t stream,
+                                   void** workspace);
 cudaError_t prefill_workspace_give_back(const PrefillParams& p, void* workspace,
                                         cudaStream_t stream);
 
@@ -60,6 +92,7 @@ cudaError_t prefill_workspace_pool(cudaMemPool_t* pool);
 
 // The kernels of one (K, V) shape; one translation unit instantiates each.
 template <int K, int V>
-cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream);
+cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                 std::int32_t chunks_per_span);
 
 }  // namespace kdaguard::gpu::detail

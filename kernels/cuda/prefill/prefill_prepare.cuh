@@ -60,22 +60,6 @@ template <int K, int V> struct PrepareShared {
   int span_bits;  // max |G_i - G_p| of the chunk, as float bits (non-negative: int order)
 };
 
-// The sequence whose chunks may own workspace slot s: the largest n with
-// floor(cu_seqlens[n] / 16) + n <= s (that function of n increases with n for monotone offsets;
-// for any other offsets the caller's checks of the sequence found keep every access in bounds).
-__device__ __forceinline__ std::int32_t sequence_of_slot(const PrefillParams& p, std::int64_t s) {
-  std::int32_t lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const std::int32_t mid = lo + (hi - lo + 1) / 2;
-    if (workspace_slot(seq_offset(p, mid), mid, 0) <= s) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 // IO: __nv_bfloat16 or __half, the dtype of q, k, v (gates and beta may be f32).
 template <class IO, int K, int V>
 __global__ void __launch_bounds__(kPrepareThreads)
@@ -89,7 +73,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
 
   const std::int64_t s = blockIdx.x / p.in.HV;
   const int hv = static_cast<int>(blockIdx.x % p.in.HV);
-  const std::int32_t n = sequence_of_slot(p, s);
+  const std::int32_t n = sequence_of_slot(p, s, kChunk);
   const Sequence seq = resolve_sequence(p, n, guard, /*report=*/false);  // the chain reports
   if (!seq.runs) return;
   const std::int64_t c = s - workspace_slot(seq.begin, n, 0);

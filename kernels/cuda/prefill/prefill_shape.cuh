@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "prefill_chain.cuh"
+#include "prefill_combine.cuh"
 #include "prefill_launch.h"
 #include "prefill_prepare.cuh"
 #include "prefill_recurrent.cuh"
@@ -14,8 +15,20 @@ namespace kdaguard::gpu::detail {
 // (sequence, head) for V = 128 and still gives B * HV * 2 blocks.
 inline constexpr int kChainWarps = 4;
 
+// Launches a chain kernel with its shared memory.
+template <class Kernel, class... Args>
+cudaError_t launch_with_smem(Kernel* kernel, std::int64_t blocks, int smem, cudaStream_t stream, Args... args) {
+  // Set on every launch: the attribute is per device, and the current device may change.
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  kernel<<<static_cast<unsigned>(blocks), 32 * kChainWarps, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 template <int K, int V>
-cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
+cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                 std::int32_t chunks_per_span) {
   const std::int64_t heads = static_cast<std::int64_t>(p.num_seqs) * p.in.HV;
   if (heads == 0) return cudaSuccess;
   if (p.in.io_dtype == DType::f32) {
@@ -26,31 +39,61 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
     return cudaGetLastError();
   }
 
-  const std::int64_t prepare_blocks = prefill::workspace_slots(p.total_tokens, p.num_seqs) * p.in.HV;
-  constexpr int kSlices = V / (16 * kChainWarps);
-  const std::int64_t chain_blocks = heads * kSlices;
-  if (prepare_blocks > INT32_MAX || chain_blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+  using prefill::ChainRole;
+  constexpr int kRows = 16 * kChainWarps;
+  constexpr int kValueSlices = V / kRows, kTransitionSlices = (V + K) / kRows;
+  constexpr int kChainSmem = static_cast<int>(sizeof(prefill::ChainShared<K, V, kChainWarps>));
+  constexpr int kCombineSmem = static_cast<int>(sizeof(prefill::CombineShared<K, V, kChainWarps>));
+  auto* whole = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::whole>;
+  auto* transition = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::transition>;
+  auto* span = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::span>;
+  auto* combine = prefill::prefill_combine_kernel<K, V, kChainWarps>;
 
-  void* workspace = nullptr;  // prefill_workspace_bytes(p): prepare_blocks chunk operands
-  if (cudaError_t e = prefill_workspace_take(p, stream, &workspace); e != cudaSuccess) return e;
+  // A caller's workspace is sized by prefill_workspace_bytes, which covers the unsplit chain only:
+  // with one, the chain runs whole.
+  if (p.workspace != nullptr) chunks_per_span = 0;
+  if (chunks_per_span == kChooseSpan) {
+    ChainSplitCosts costs;
+    costs.total_tokens = p.total_tokens;
+    costs.num_seqs = p.num_seqs;
+    costs.HV = p.in.HV;
+    costs.value_slices = kValueSlices;
+    costs.transition_slices = kTransitionSlices;
+    if (cudaError_t e = resident_chain_blocks(reinterpret_cast<const void*>(span), 32 * kChainWarps,
+                                              kChainSmem, &costs.resident_blocks);
+        e != cudaSuccess)
+      return e;
+    chunks_per_span = choose_chunks_per_span(costs);
+  }
+  const prefill::WorkspaceLayout layout =
+      prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, chunks_per_span);
+  const std::int64_t prepare_blocks = layout.chunk_slots * p.in.HV;
+  const std::int64_t span_units = layout.span_slots * p.in.HV;
+  if (prepare_blocks > INT32_MAX || span_units * kTransitionSlices > INT32_MAX ||
+      heads * kValueSlices > INT32_MAX)
+    return cudaErrorInvalidConfiguration;
+
+  void* workspace = nullptr;
+  if (cudaError_t e = prefill_workspace_take(p, layout.bytes, stream, &workspace); e != cudaSuccess)
+    return e;
+  auto* chunk_ops = static_cast<unsigned char*>(workspace);
+  const prefill::ChainSplit split{chunks_per_span, chunk_ops + layout.span_offset};
 
   auto* prepare = p.in.io_dtype == DType::bf16 ? prefill::prefill_prepare_kernel<__nv_bfloat16, K, V>
                                                : prefill::prefill_prepare_kernel<__half, K, V>;
-  prepare<<<static_cast<unsigned>(prepare_blocks), prefill::kPrepareThreads, 0, stream>>>(
-      p, guard, static_cast<unsigned char*>(workspace));
+  prepare<<<static_cast<unsigned>(prepare_blocks), prefill::kPrepareThreads, 0, stream>>>(p, guard, chunk_ops);
   cudaError_t launched = cudaGetLastError();
-  if (launched == cudaSuccess) {
-    constexpr int kSmem = static_cast<int>(sizeof(prefill::ChainShared<K, V, kChainWarps>));
-    auto* chain = prefill::prefill_chain_kernel<K, V, kChainWarps>;
-    // Set on every launch: the attribute is per device, and the current device may change.
-    launched = cudaFuncSetAttribute(chain, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (launched == cudaSuccess) {
-      chain<<<static_cast<unsigned>(chain_blocks), 32 * kChainWarps, kSmem, stream>>>(
-          p, guard, static_cast<const unsigned char*>(workspace));
-      launched = cudaGetLastError();
-    }
+  const unsigned char* ops = chunk_ops;
+  if (launched == cudaSuccess && chunks_per_span == 0) {
+    launched = launch_with_smem(whole, heads * kValueSlices, kChainSmem, stream, p, guard, ops, split);
+  } else if (launched == cudaSuccess) {
+    launched = launch_with_smem(transition, span_units * kTransitionSlices, kChainSmem, stream, p, guard, ops, split);
+    if (launched == cudaSuccess)
+      launched = launch_with_smem(combine, heads * kValueSlices, kCombineSmem, stream, p, guard, split);
+    if (launched == cudaSuccess)
+      launched = launch_with_smem(span, span_units * kValueSlices, kChainSmem, stream, p, guard, ops, split);
   }
-  // Stream-ordered: pool memory returns to the pool once the chain kernel has finished.
+  // Stream-ordered: pool memory returns to the pool once the last kernel has finished.
   const cudaError_t freed = prefill_workspace_give_back(p, workspace, stream);
   return launched != cudaSuccess ? launched : freed;
 }

@@ -144,10 +144,13 @@ void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
 // How a test launches gpu::prefill: straight onto the default stream, or captured into a CUDA
 // graph on a stream of its own and replayed once (serving engines capture their decode and
 // prefill steps; the workspace then becomes the graph's own allocation).
-enum class Launch { direct, graph };
+// split: validate, lower and the launcher with a forced span length (no guard kernel; the
+// kernels' own checks still run).
+enum class Launch { direct, graph, split };
 
 // Runs the spec's prefill on the GPU and judges it against the f64 reference.
-Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct) {
+Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct,
+                        std::int32_t chunks_per_span = 0) {
   Judgement j;
   HostProblem hp = support::materialize(spec, seed);
   const reference::PrefillResult ref = reference::prefill_values(std::get<PrefillCall>(hp.call));
@@ -167,8 +170,13 @@ Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch laun
     options.stream = stream;
     return gpu::prefill(call, options);
   };
-  const Status status =
-      launch == Launch::graph ? gputest::run_captured(prefill_on) : prefill_on(nullptr);
+  Status status;
+  if (launch == Launch::split) {
+    KDAGUARD_CUDA_OK(gpu::detail::launch_prefill_with_span(lower(call), {guard.error_word.get(), nullptr},
+                                                           nullptr, chunks_per_span));
+  } else {
+    status = launch == Launch::graph ? gputest::run_captured(prefill_on) : prefill_on(nullptr);
+  }
   if (!status.ok()) {
     j.failure = "gpu::prefill did not run a generated (valid) call: " + to_string(status);
     return j;
@@ -221,8 +229,9 @@ struct WorstTable {
 };
 WorstTable worst;
 
-void expect_conforms(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct) {
-  const Judgement j = run_and_judge(spec, seed, launch);
+void expect_conforms(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct,
+                     std::int32_t chunks_per_span = 0) {
+  const Judgement j = run_and_judge(spec, seed, launch, chunks_per_span);
   worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
   EXPECT_TRUE(j.failure.empty()) << j.failure << "\n  spec: " << support::describe(spec)
                                  << " seed=" << seed;
@@ -331,6 +340,47 @@ TEST(PrefillGpu, GraphCaptureAndReplay) {
     expect_conforms(spec, seed++, Launch::direct);  // the warm-up call
     expect_conforms(spec, seed++, Launch::graph);
   }
+}
+
+// The split chain (transition, combine, span kernels) forced at span lengths from 1 chunk up,
+// against the reference, beside the unsplit path on the same problems: edge lengths, a long
+// sequence, strong decays, every (K, V), both 16-bit input dtypes and both state dtypes.
+TEST(PrefillGpu, SplitChainMatchesReference) {
+  KDAGUARD_SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 500;
+  std::vector<std::int64_t> lens = kEdgeLengths;
+  lens.push_back(2100);
+  for (int K : {64, 128})
+    for (int V : {64, 128})
+      for (DType io : {DType::bf16, DType::f16}) {
+        ProblemSpec s = prefill_spec(lens, 1, 2, K, V, io, seed % 2 ? DType::bf16 : DType::f32,
+                                     seed % 3 ? GateKind::bounded : GateKind::softplus);
+        s.strong_decay_fraction = seed % 4 == 0 ? 0.1 : 0.0;
+        for (std::int32_t span : {0, 1, 2, 3, 7, 64}) expect_conforms(s, seed, Launch::split, span);
+        ++seed;
+      }
+  ProblemSpec strong = prefill_spec({40, 200, 16, 1000}, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::softplus);
+  strong.strong_decay_fraction = 0.3;
+  for (std::int32_t span : {1, 4, 16}) expect_conforms(strong, seed, Launch::split, span);
+  ++seed;
+  const ProblemSpec long_one = prefill_spec({16387}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+  for (std::int32_t span : {0, 5, 32, 200}) expect_conforms(long_one, seed, Launch::split, span);
+}
+
+// Random calls through the split path with a random span length.
+TEST(PrefillGpu, RandomCallsSplitMatchReference) {
+  KDAGUARD_SKIP_WITHOUT_GPU();
+  const bool ok = rc::check("split prefill on the GPU matches the f64 reference", [] {
+    support::GenLimits limits;
+    limits.max_seq_len = 200;
+    const ProblemSpec spec = *support::gen_prefill_spec(limits);
+    const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+    const auto span = *rc::gen::inRange<std::int32_t>(1, 9);
+    const Judgement j = run_and_judge(spec, seed, Launch::split, span);
+    worst.by_io[static_cast<int>(spec.io_dtype)].add(j);
+    RC_ASSERT(j.failure.empty());
+  });
+  EXPECT_TRUE(ok);
 }
 
 // Random valid calls of every form the contracts accept (layouts, strides, pools, dtypes).
