@@ -108,10 +108,14 @@ RC_GTEST_PROP(ContractsMessages, SeedRulesKeepTheUpstreamWording, ()) {
                                            .explicit_scratch_indices = false});
     TensorView& map = **find_argument(g.call, Arg::scratch_row_map);
     std::swap((*map.values)[0], (*map.values)[1]);
+    // A padding row's entry is free, so the first of rows 0 and 1 that is not padding is named.
+    const std::vector<std::int64_t>& slots = *(*find_argument(g.call, Arg::cache_indices))->values;
+    RC_PRE(slots[0] != -1 || slots[1] != -1);
+    const int named = slots[0] != -1 ? 0 : 1;
     rule = RuleId::verify_row_map_identity;
     want = fmt::format("requires an identity intermediate row-map when scratch_indices is absent: "
-                       "scratch_row_map[0] = {}, expected 0",
-                       (*map.values)[0]);
+                       "scratch_row_map[{}] = {}, expected {}",
+                       named, (*map.values)[named], named);
   }
   const Verdict v = validate(g.call);
   const auto fired = std::find_if(v.violations.begin(), v.violations.end(),
