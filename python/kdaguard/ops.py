@@ -97,10 +97,32 @@ def prefill_workspace(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: i
     return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
 
 
+# An eager call through an OpOverload first scans every argument for __torch_function__
+# overrides, at about as much host time as the rest of the dispatch for a B = 1 decode. Where that
+# scan can find nothing (no torch function mode is active and every argument is a plain tensor, a
+# Parameter, whose override is disabled, or a builtin scalar), the op is called through its
+# dispatcher handle directly, with the same boxing, dispatch keys and kernels.
+_call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
+_torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+_handles = ({op: op._handle for op in (_decode, _prefill, _verify, _commit)}
+            if _call_boxed is not None and _torch_function_mode is not None else {})
+_SCAN_FREE = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float})
+
+
+def _scan_free(args):
+    for arg in args:
+        if type(arg) not in _SCAN_FREE:
+            return False
+    return not _torch_function_mode()
+
+
 def _run(op, *args):
     if torch.compiler.is_compiling():
         return op(*args)
     try:
+        handle = _handles.get(op)
+        if handle is not None and _scan_free(args):
+            return _call_boxed(handle, *args)
         return op(*args)
     except (ValueError, RuntimeError) as e:
         err = error_from_text(str(e))
@@ -157,8 +179,14 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
     if error_word is None:
         error_word = _default_error_word(q.device)
     out = _new_out(v) if out is None else out
-    _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
-         error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu, chunks_per_block)
+    if cache_indices_cpu is None and chunks_per_block == 0:
+        # the schema's defaults, left to the dispatcher: each argument passed costs host time
+        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
+             out, error_word, scale, lower_bound, use_qk_l2norm)
+    else:
+        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
+             out, error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu,
+             chunks_per_block)
     return _rows(out)
 
 

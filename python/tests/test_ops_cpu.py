@@ -165,6 +165,34 @@ def test_the_ops_take_engine_layouts_as_the_views_torch_makes(B):
         assert torch.equal(out_got, out_want) and torch.equal(state_got, state_want), name
 
 
+def test_torch_function_modes_and_overrides_still_see_the_ops():
+    seen = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    class Tagged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    p = decode_problem(B=2, padding=False)
+    expect = ops.decode(**{**p, "state": p["state"].clone()})
+    with Record():
+        got = ops.decode(**{**p, "state": p["state"].clone()})
+    assert torch.ops.kdaguard.decode.default in seen and torch.equal(got, expect)
+    seen.clear()
+    got = ops.decode(**{**p, "state": p["state"].clone(),
+                        "dt_bias": p["dt_bias"].as_subclass(Tagged)})
+    assert torch.ops.kdaguard.decode.default in seen and torch.equal(got, expect)
+    got = ops.decode(**{**p, "state": p["state"].clone(),
+                        "dt_bias": torch.nn.Parameter(p["dt_bias"], requires_grad=False)})
+    assert torch.equal(got, expect)
+
+
 def prefill_problem(*, lens=(5, 0, 17), H=1, HV=2, K=64, V=128, io=torch.bfloat16,
                     state_dtype=torch.float32, S=6, seed=1):
     gen = torch.Generator().manual_seed(seed)
