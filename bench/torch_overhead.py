@@ -46,6 +46,8 @@ def cxx_medians(binary: str, reps: int) -> dict[str, float]:
             raise SystemExit(f"{bench['name']}: {bench.get('error_message')}")
         if bench.get("aggregate_name") == "median":
             medians[bench["run_name"].split("/")[0]] = bench["real_time"]  # us (the Unit)
+    if not {"BM_DecodeHost", "BM_CanImplementHost"} <= medians.keys():
+        raise SystemExit(f"{binary} reported no medians:\n{run.stdout[:4000]}{run.stderr[:4000]}")
     return medians
 
 
