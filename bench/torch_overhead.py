@@ -138,27 +138,28 @@ def main() -> int:
                             cache_indices=idx, use_qk_l2norm=True)),
     ]
     timing = dict(burst=args.burst, bursts=args.bursts, reps=args.reps)
-    results = []
-    with torch.inference_mode():
-        for name, fn in variants:
-            results.append((name, host_us(fn, **timing)))
-    with torch.no_grad():
-        results.append(("kdaguard.ops.decode as above, under no_grad instead of inference_mode",
-                         host_us(ops_decode, **timing)))
-    torch.cuda.synchronize()
-    ops.check_error_word(word)
-    ops.check_error_word(ops.error_word(device))
-
     base = cxx["BM_DecodeHost"]
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, Python "
           f"{sys.version.split()[0]}, kdaguard {kdaguard.__version__}")
     print(f"B = {B}, H = {H}, HV = {HV}, K = V = {K}; host us per call, median of {args.reps} "
           f"repetitions of {args.bursts} bursts of {args.burst} calls")
-    print(f"{'call':70s} {'us/call':>8s} {'- C++ decode':>13s}")
-    rows = [("C++ gpu::decode (kda.h)", base),
-            ("C++ gpu::can_implement (validation only)", cxx["BM_CanImplementHost"])] + results
-    for name, us in rows:
-        print(f"{name:70s} {us:8.2f} {us - base:+13.2f}")
+    print(f"{'call':72s} {'us/call':>8s} {'- C++ decode':>13s}")
+
+    def row(name, us):
+        print(f"{name:72s} {us:8.2f} {us - base:+13.2f}", flush=True)
+
+    row("C++ gpu::decode (kda.h)", base)
+    row("C++ gpu::can_implement (validation only)", cxx["BM_CanImplementHost"])
+    with torch.inference_mode():
+        for name, fn in variants:
+            row(name, host_us(fn, **timing))
+    with torch.no_grad():
+        row("kdaguard.ops.decode as above, under no_grad instead of inference_mode",
+            host_us(ops_decode, **timing))
+    torch.cuda.synchronize()
+    ops.check_error_word(word)
+    ops.check_error_word(ops.error_word(device))
+    print("error words clear")
     return 0
 
 
