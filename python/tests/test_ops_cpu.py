@@ -129,7 +129,8 @@ def _engine_layouts(B, HV, K, gen):
     wide = rnd(B, 2 * HV * K + 8).to(torch.bfloat16)
     gates = [wide[:, :HV * K], wide[:, 8:8 + HV * K], wide[:, ::2][:, :HV * K],
              rnd(HV * K, B).to(torch.bfloat16).t(),
-             rnd(B * HV * K + 3).to(torch.bfloat16).as_strided((B, HV * K), (3 if B == 1 else HV * K, 1))]
+             rnd(B * HV * K + 3).to(torch.bfloat16).as_strided(
+                 (B, HV * K), (3 if B == 1 else HV * K, 1))]  # any row stride when B == 1
     cases = [("a", t, t.view(B, HV, K)) for t in gates]
     gate4 = rnd(1, B, HV, 2 * K).to(torch.bfloat16)[..., :K]
     cases.append(("a", gate4, gate4[0]))
