@@ -10,7 +10,15 @@
 // storage offset, and its storage's base address and size, so views of one allocation (q, k, v
 // sliced from a packed projection; a scratch carved out of the pool) are seen as such by
 // alias.overlap. Nothing is copied, reshaped or made contiguous: a view the kernels cannot take
-// is refused with its rule.
+// is refused with its rule. Besides the contract's shapes the ops take the engine layouts that
+// kdaguard.ops documents (a leading batch dim of 1, a gate [T, HV*K], A_log [1, 1, HV, 1]) as the
+// views torch would make of them, computed from the metadata, so an eager call creates no tensor
+// for them.
+//
+// Host time matters at small batches (a decode per layer per step), so a call reads each
+// tensor's metadata once through the shim, makes the device current only when it is not, takes
+// the device guard's row flags from the caching allocator without a tensor around them, and asks
+// for the stream's capture status only when host copies of index values would depend on it.
 //
 // Errors cross the dispatcher as standard exceptions, whose types torch maps to Python's: a call
 // the contracts refuse throws std::invalid_argument (ValueError) whose first line is
@@ -26,7 +34,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -106,6 +117,146 @@ std::string verdict_text(Entry entry, const Status& status) {
   }
 }
 
+// ---- one tensor's metadata, read through the shim ----
+
+// The shim's dtype and device-type codes. They are functions of the loaded libtorch that return
+// constants, so they are read once rather than on every tensor of every call.
+struct ShimCodes {
+  int32_t f32, f16, bf16, i32, i64, cpu, cuda;
+};
+const ShimCodes& shim_codes() {
+  static const ShimCodes codes{aoti_torch_dtype_float32(), aoti_torch_dtype_float16(),
+                               aoti_torch_dtype_bfloat16(), aoti_torch_dtype_int32(),
+                               aoti_torch_dtype_int64(),    aoti_torch_device_type_cpu(),
+                               aoti_torch_device_type_cuda()};
+  return codes;
+}
+
+std::optional<DType> dtype_of_code(int32_t code) {
+  const ShimCodes& c = shim_codes();
+  if (code == c.f32) return DType::f32;
+  if (code == c.f16) return DType::f16;
+  if (code == c.bf16) return DType::bf16;
+  if (code == c.i32) return DType::i32;
+  if (code == c.i64) return DType::i64;
+  return std::nullopt;
+}
+
+void shim_check(AOTITorchError error, const char* what) {
+  if (error != AOTI_TORCH_SUCCESS)
+    throw std::runtime_error(fmt::format("kdaguard: the torch shim failed to {}", what));
+}
+
+// Sizes and strides of one argument as the call takes it: the tensor's own, or those of the view
+// torch's Tensor.view would make of it, computed here so that adapting an engine's layout (see
+// Layout) creates no tensor per call.
+class Shape {
+ public:
+  Shape(int64_t rank, const int64_t* size, const int64_t* stride)
+      : rank_(rank), size_(size), stride_(stride) {}
+  Shape(const Shape&) = delete;
+  Shape& operator=(const Shape&) = delete;
+
+  int64_t rank() const { return rank_; }
+  int64_t size(int64_t d) const { return size_[d]; }
+  int64_t stride(int64_t d) const { return stride_[d]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d = 0; d < rank_; ++d) n *= size_[d];
+    return n;
+  }
+
+  // t[0] of a [1, ...] tensor of rank + 1.
+  void drop_leading_one(int64_t rank) {
+    if (rank_ == rank + 1 && size_[0] == 1) {
+      --rank_;
+      ++size_;
+      ++stride_;
+    }
+  }
+  // t[..., 0] of a [..., 1] tensor.
+  void drop_trailing_one() {
+    if (rank_ >= 1 && size_[rank_ - 1] == 1) --rank_;
+  }
+
+  // Tensor.view(new_size): false where torch would raise. Torch's rule: the old dims split into
+  // runs whose elements are evenly spaced (a dim of size 1 joins any run); each run maps onto
+  // consecutive new dims of the same element count, strided from the run's innermost stride.
+  bool view(std::initializer_list<int64_t> new_size) {
+    const auto n = static_cast<int64_t>(new_size.size());
+    const int64_t* ns = new_size.begin();
+    int64_t new_numel = 1;
+    for (int64_t d = 0; d < n; ++d) new_numel *= ns[d];
+    const int64_t numel = this->numel();
+    if (n > static_cast<int64_t>(own_size_.size()) || new_numel != numel) return false;
+    std::array<int64_t, 3> st{};
+    if (rank_ == 0) {
+      st.fill(1);
+    } else if (numel == 0) {
+      const bool same = n == rank_ && std::equal(ns, ns + n, size_);
+      for (int64_t d = n - 1; d >= 0; --d)
+        st[d] = same ? stride_[d] : d == n - 1 ? 1 : std::max<int64_t>(ns[d + 1], 1) * st[d + 1];
+    } else {
+      int64_t view_d = n - 1, base = stride_[rank_ - 1], run_numel = 1, view_numel = 1;
+      for (int64_t d = rank_ - 1; d >= 0; --d) {
+        run_numel *= size_[d];
+        if (d > 0 && (size_[d - 1] == 1 || stride_[d - 1] == run_numel * base)) continue;
+        while (view_d >= 0 && (view_numel < run_numel || ns[view_d] == 1)) {
+          st[view_d] = view_numel * base;
+          view_numel *= ns[view_d];
+          --view_d;
+        }
+        if (view_numel != run_numel) return false;
+        if (d > 0) {
+          base = stride_[d - 1];
+          run_numel = view_numel = 1;
+        }
+      }
+      if (view_d != -1) return false;
+    }
+    std::copy(ns, ns + n, own_size_.begin());
+    own_stride_ = st;
+    rank_ = n;
+    size_ = own_size_.data();
+    stride_ = own_stride_.data();
+    return true;
+  }
+
+ private:
+  int64_t rank_;
+  const int64_t* size_;
+  const int64_t* stride_;
+  std::array<int64_t, 3> own_size_{}, own_stride_{};
+};
+
+// The engine layouts the ops accept beside the contract's own, as the views kdaguard.ops
+// documents: a leading batch dim of 1 on q/k/v/out ([1, T, H, K]) and on the gates and betas, a
+// gate [T, HV*K], beta [T, HV, 1] (also when T = 1, where [1, HV, 1] also has a leading 1), A_log
+// of HV elements in any shape ([1, 1, HV, 1]). A tensor
+// that is none of these is taken as it is, and refused with its rule when the contract's shape
+// differs.
+enum class Layout { as_is, tokens, gate, beta, a_log };
+
+void adapt(Shape& s, Layout layout, int64_t HV, int64_t K) {
+  switch (layout) {
+    case Layout::as_is: return;
+    case Layout::tokens: s.drop_leading_one(3); return;
+    case Layout::gate:
+      s.drop_leading_one(3);
+      if (s.rank() == 2 && s.size(1) == HV * K) s.view({s.size(0), HV, K});
+      return;
+    case Layout::beta:  // [T, HV, 1] first: with T = 1 it also has a leading 1
+      if (s.rank() == 3 && s.size(1) == HV && s.size(2) == 1)
+        s.drop_trailing_one();
+      else
+        s.drop_leading_one(2);
+      return;
+    case Layout::a_log:
+      if (s.rank() != 1 && s.numel() == HV) s.view({HV});
+      return;
+  }
+}
+
 // Builds one call's views. Violations that a TensorView cannot even express (a dtype outside
 // its set, a rank past kMaxRank) are collected here and refused in the same format as the
 // contracts' own, before validate() runs.
@@ -113,57 +264,79 @@ class CallBuilder {
  public:
   explicit CallBuilder(Entry entry) : entry_(entry) {}
 
-  void set(OptionalView& slot, const Tensor& t, std::string_view name) {
-    TensorView view;
-    const int64_t rank = t.dim();
-    const std::optional<DType> dtype = dtype_of(t.scalar_type());
+  // Sets `slot` from `t` taken in `layout` (HV and K: the call's, for the gate layouts) and
+  // returns the view's rank and last two sizes (0 where absent).
+  struct Tail {
+    int64_t rank = 0, last = 0, before_last = 0;
+  };
+  Tail set(OptionalView& slot, const Tensor& t, std::string_view name,
+           Layout layout = Layout::as_is, int64_t HV = 0, int64_t K = 0) {
+    const AtenTensorHandle h = t.get();
+    int64_t rank = 0;
+    int64_t *sizes = nullptr, *strides = nullptr;
+    int32_t dtype_code = 0;
+    shim_check(aoti_torch_get_dim(h, &rank), "read a tensor's rank");
+    shim_check(aoti_torch_get_sizes(h, &sizes), "read a tensor's sizes");
+    shim_check(aoti_torch_get_strides(h, &strides), "read a tensor's strides");
+    shim_check(aoti_torch_get_dtype(h, &dtype_code), "read a tensor's dtype");
+    Shape shape(rank, sizes, strides);
+    adapt(shape, layout, HV, K);
+    Tail tail{shape.rank(), shape.rank() >= 1 ? shape.size(shape.rank() - 1) : 0,
+              shape.rank() >= 2 ? shape.size(shape.rank() - 2) : 0};
+
+    TensorView& view = slot.emplace();
+    const std::optional<DType> dtype = dtype_of_code(dtype_code);
     if (!dtype) {
       early_.violations.push_back(
           {RuleId::arg_dtype, name,
-           fmt::format("{} has a dtype kdaguard does not take (torch ScalarType {}); expected one "
-                       "of f32, f16, bf16, i32, i64 as the argument allows",
-                       name, static_cast<int>(t.scalar_type()))});
-      slot = view;
-      return;
+           fmt::format("{} has a dtype kdaguard does not take (torch dtype code {}); expected "
+                       "one of f32, f16, bf16, i32, i64 as the argument allows",
+                       name, dtype_code)});
+      return tail;
     }
-    if (rank > kMaxRank) {
+    if (shape.rank() > kMaxRank) {
       early_.violations.push_back(
           {RuleId::arg_rank, name,
-           fmt::format("{} has rank {}; no kdaguard argument has more than {} dims", name, rank,
-                       kMaxRank)});
-      slot = view;
-      return;
+           fmt::format("{} has rank {}; no kdaguard argument has more than {} dims", name,
+                       shape.rank(), kMaxRank)});
+      return tail;
     }
     view.dtype = *dtype;
-    if (t.is_cuda()) {
-      view.device = Device{Device::Kind::cuda, t.get_device_index()};
-      if (!cuda_device_) cuda_device_ = view.device->index;
-    } else if (t.is_cpu()) {
+    int32_t device_type = 0;
+    shim_check(aoti_torch_get_device_type(h, &device_type), "read a tensor's device");
+    if (device_type == shim_codes().cuda) {
+      int32_t index = 0;
+      shim_check(aoti_torch_get_device_index(h, &index), "read a tensor's device index");
+      view.device = Device{Device::Kind::cuda, index};
+      if (!cuda_device_) cuda_device_ = index;
+    } else if (device_type == shim_codes().cpu) {
       view.device = Device{Device::Kind::cpu, 0};
     } else {
       throw std::runtime_error(fmt::format(
           "kdaguard: {} unsupported: {} is on a device that is neither cpu nor cuda",
           entry_name(entry_), name));
     }
-    view.rank = static_cast<int>(rank);
-    const auto sizes = t.sizes();
-    const auto strides = t.strides();
+    view.rank = static_cast<int>(shape.rank());
     for (int i = 0; i < view.rank; ++i) {
-      view.shape[i] = sizes[i];
-      view.stride[i] = strides[i];
+      view.shape[i] = shape.size(i);
+      view.stride[i] = shape.stride(i);
     }
-    const int64_t offset = t.storage_offset();
+    int64_t offset = 0;
+    void* data = nullptr;
+    shim_check(aoti_torch_get_storage_offset(h, &offset), "read a tensor's storage offset");
+    shim_check(aoti_torch_get_data_ptr(h, &data), "read a tensor's data pointer");
     const int64_t esize = element_size(*dtype);
     view.storage_offset = Elements{offset};
-    view.address = reinterpret_cast<std::uintptr_t>(t.data_ptr()) -
+    view.address = reinterpret_cast<std::uintptr_t>(data) -
                    static_cast<std::uint64_t>(offset) * static_cast<std::uint64_t>(esize);
     int64_t storage_bytes = 0;
-    if (aoti_torch_get_storage_size(t.get(), &storage_bytes) == AOTI_TORCH_SUCCESS)
+    if (aoti_torch_get_storage_size(h, &storage_bytes) == AOTI_TORCH_SUCCESS)
       view.storage_size = Elements{storage_bytes / esize};
-    slot = view;
+    return tail;
   }
-  void set(OptionalView& slot, const OptTensor& t, std::string_view name) {
-    if (t) set(slot, *t, name);
+  Tail set(OptionalView& slot, const OptTensor& t, std::string_view name,
+           Layout layout = Layout::as_is, int64_t HV = 0, int64_t K = 0) {
+    return t ? set(slot, *t, name, layout, HV, K) : Tail{};
   }
 
   // The host copy of an index tensor's values, from a CPU tensor the caller passes beside it.
@@ -214,15 +387,16 @@ struct TokenArgs {
 };
 
 template <class Call> void set_tokens(CallBuilder& c, Call& call, const TokenArgs& t) {
-  c.set(call.q, t.q, "q");
-  c.set(call.k, t.k, "k");
-  c.set(call.v, t.v, "v");
-  c.set(call.a, t.a, "a");
-  c.set(call.g, t.g, "g");
-  c.set(call.A_log, t.A_log, "A_log");
+  const int64_t K = c.set(call.q, t.q, "q", Layout::tokens).last;
+  c.set(call.k, t.k, "k", Layout::tokens);
+  const CallBuilder::Tail v = c.set(call.v, t.v, "v", Layout::tokens);
+  const int64_t HV = v.rank >= 2 ? v.before_last : 0;
+  c.set(call.a, t.a, "a", Layout::gate, HV, K);
+  c.set(call.g, t.g, "g", Layout::gate, HV, K);
+  c.set(call.A_log, t.A_log, "A_log", Layout::a_log, HV);
   c.set(call.dt_bias, t.dt_bias, "dt_bias");
-  c.set(call.b, t.b, "b");
-  c.set(call.beta, t.beta, "beta");
+  c.set(call.b, t.b, "b", Layout::beta, HV);
+  c.set(call.beta, t.beta, "beta", Layout::beta, HV);
 }
 
 #ifdef KDAGUARD_TORCH_CUDA
@@ -244,42 +418,91 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Row flags for the device guard, from torch's caching allocator on the current stream (inside a
-// capture: the graph's pool). Freed when the op returns; the caching allocator reuses it only
-// after the stream has run past the kernels that use it.
-Tensor row_flags_for(int64_t rows, int device) {
-  const int64_t size = rows > 0 ? rows : 1, stride = 1;
-  AtenTensorHandle handle = nullptr;
-  if (aoti_torch_empty_strided(1, &size, &stride, aoti_torch_dtype_int32(),
-                               aoti_torch_device_type_cuda(), device,
-                               &handle) != AOTI_TORCH_SUCCESS)
-    throw std::runtime_error("kdaguard: could not allocate the guard's row flags");
-  return Tensor(handle);
-}
+// Makes the call's device current for the op's scope; no guard (and no shim round trip to create
+// one) when it already is.
+class CallDevice {
+ public:
+  explicit CallDevice(int device) {
+    int32_t current = -1;
+    shim_check(aoti_torch_get_current_device_index(&current), "read the current device");
+    if (current != device) guard_.emplace(device);
+  }
 
-// The launch options of one call: its stream, the caller's error word and row flags that live as
-// long as this object (the op's scope).
-struct GuardedLaunch {
-  gpu::LaunchOptions options;
-  Tensor row_flags;
+ private:
+  std::optional<torch::stable::accelerator::DeviceGuard> guard_;
 };
 
-GuardedLaunch guarded_launch(Entry entry, int device, const Tensor& error_word, int64_t rows,
-                             int64_t chunks_per_block, cudaStream_t stream) {
-  if (!error_word.is_cuda() || error_word.get_device_index() != device ||
-      error_word.scalar_type() != ScalarType::Long || error_word.numel() < 1)
+// Whether the device guard has work: some index tensor (i32/i64) came without a host copy of
+// its values, so its value rules are checked on the device.
+template <class Call> bool defers_values(const Call& call) {
+  bool defers = false;
+  Call::visit(call, [&](Arg, const OptionalView& view) {
+    if (view && (view->dtype == DType::i32 || view->dtype == DType::i64) && !view->values)
+      defers = true;
+  });
+  return defers;
+}
+
+// Row flags for the device guard, one int32 per row, from torch's caching allocator on the
+// current stream (inside a capture: the graph's pool), given back when the op returns; the
+// allocator hands the block out again only to work queued on this stream after these kernels.
+class RowFlags {
+ public:
+  RowFlags(int64_t rows, bool needed) {
+    if (!needed) return;
+    capacity_ = rows > 0 ? rows : 1;
+    shim_check(aoti_torch_cuda_caching_allocator_raw_alloc(
+                   static_cast<uint64_t>(capacity_) * sizeof(std::int32_t), &data_),
+               "allocate the device guard's row flags");
+  }
+  RowFlags(const RowFlags&) = delete;
+  RowFlags& operator=(const RowFlags&) = delete;
+  ~RowFlags() {
+    if (data_ != nullptr) aoti_torch_cuda_caching_allocator_raw_delete(data_);
+  }
+  std::int32_t* data() const { return static_cast<std::int32_t*>(data_); }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  void* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+// The caller's error word: an int64 tensor of at least one element on the call's device.
+unsigned long long* error_word_address(Entry entry, const Tensor& word, int device) {
+  const AtenTensorHandle h = word.get();
+  int32_t device_type = 0, index = -1, dtype = 0;
+  int64_t numel = 0;
+  void* data = nullptr;
+  shim_check(aoti_torch_get_device_type(h, &device_type), "read the error word's device");
+  shim_check(aoti_torch_get_device_index(h, &index), "read the error word's device index");
+  shim_check(aoti_torch_get_dtype(h, &dtype), "read the error word's dtype");
+  shim_check(aoti_torch_get_numel(h, &numel), "read the error word's size");
+  if (device_type != shim_codes().cuda || index != device || dtype != shim_codes().i64 ||
+      numel < 1)
     throw std::invalid_argument(fmt::format(
         "kdaguard: {}: error_word must be an int64 tensor of at least one element on cuda:{}",
         entry_name(entry), device));
-  GuardedLaunch launch{gpu::LaunchOptions{}, row_flags_for(rows, device)};
-  gpu::LaunchOptions& options = launch.options;
-  options.stream = stream;
-  options.guard.error_word = static_cast<unsigned long long*>(error_word.data_ptr());
-  options.guard.row_flags = static_cast<std::int32_t*>(launch.row_flags.data_ptr());
-  options.guard.row_flags_capacity = rows > 0 ? rows : 1;
-  options.chunks_per_block = static_cast<int>(chunks_per_block);
-  return launch;
+  shim_check(aoti_torch_get_data_ptr(h, &data), "read the error word's data pointer");
+  return static_cast<unsigned long long*>(data);
 }
+
+// The launch options of one call: its stream, the caller's error word, and row flags that live
+// as long as this object (the op's scope).
+struct GuardedLaunch {
+  template <class Call>
+  GuardedLaunch(const Call& call, int device, const Tensor& error_word, int64_t rows,
+                int64_t chunks_per_block, cudaStream_t stream)
+      : row_flags(rows, defers_values(call)) {
+    options.stream = stream;
+    options.guard.error_word = error_word_address(Call::kEntry, error_word, device);
+    options.guard.row_flags = row_flags.data();
+    options.guard.row_flags_capacity = row_flags.capacity();
+    options.chunks_per_block = static_cast<int>(chunks_per_block);
+  }
+  gpu::LaunchOptions options;
+  RowFlags row_flags;
+};
 #endif
 
 #ifndef KDAGUARD_TORCH_CUDA
@@ -291,7 +514,7 @@ GuardedLaunch guarded_launch(Entry entry, int device, const Tensor& error_word, 
 }
 #endif
 
-int64_t leading(const Tensor& t) { return t.dim() >= 1 ? t.size(0) : 0; }
+int64_t leading(const OptionalView& view) { return view && view->rank >= 1 ? view->shape[0] : 0; }
 
 // ---- decode ----
 DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -306,7 +529,7 @@ DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const T
   c.set(call.state, state, "state");
   c.set(call.cache_indices, cache_indices, "cache_indices");
   c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  c.set(call.out, out, "out");
+  c.set(call.out, out, "out", Layout::tokens);
   set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
   c.refuse_early();
   return call;
@@ -336,11 +559,11 @@ void decode_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTens
                                 cu_seqlens, out, scale, lower_bound, use_qk_l2norm);
   const int device = c.cuda_device();
   call.device = Device{Device::Kind::cuda, device};
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CallDevice current(device);
   const cudaStream_t stream = current_stream(device);
-  if (!capturing(stream)) c.host_values(call.cache_indices, cache_indices_cpu, "cache_indices");
-  const GuardedLaunch launch =
-      guarded_launch(Entry::decode, device, error_word, leading(q), chunks_per_block, stream);
+  if (cache_indices_cpu && !capturing(stream))
+    c.host_values(call.cache_indices, cache_indices_cpu, "cache_indices");
+  const GuardedLaunch launch(call, device, error_word, leading(call.q), chunks_per_block, stream);
   if (Status s = gpu::decode(call, launch.options); !s.ok()) raise(Entry::decode, s);
 #else
   (void)q, (void)k, (void)v, (void)a, (void)g, (void)A_log, (void)dt_bias, (void)b, (void)beta,
@@ -367,7 +590,7 @@ std::string can_decode(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, O
     }
 #ifdef KDAGUARD_TORCH_CUDA
     call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const torch::stable::accelerator::DeviceGuard guard(c.cuda_device());
+    const CallDevice current(c.cuda_device());
     return verdict_text(Entry::decode, gpu::can_implement(call));
 #else
     no_cuda(Entry::decode);
@@ -390,7 +613,7 @@ PrefillCall prefill_call(CallBuilder& c, const Tensor& q, const Tensor& k, const
   c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
   c.set(call.initial_state, initial_state, "initial_state");
   c.set(call.initial_state_indices, initial_state_indices, "initial_state_indices");
-  c.set(call.out, out, "out");
+  c.set(call.out, out, "out", Layout::tokens);
   set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
   c.refuse_early();
   return call;
@@ -423,15 +646,14 @@ void prefill_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTen
                                   use_qk_l2norm);
   const int device = c.cuda_device();
   call.device = Device{Device::Kind::cuda, device};
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CallDevice current(device);
   const cudaStream_t stream = current_stream(device);
-  if (!capturing(stream)) {
+  if ((cu_seqlens_cpu || initial_state_indices_cpu) && !capturing(stream)) {
     c.host_values(call.cu_seqlens, cu_seqlens_cpu, "cu_seqlens");
     c.host_values(call.initial_state_indices, initial_state_indices_cpu,
                   "initial_state_indices");
   }
-  GuardedLaunch launch =
-      guarded_launch(Entry::prefill, device, error_word, leading(cu_seqlens) - 1, 0, stream);
+  GuardedLaunch launch(call, device, error_word, leading(call.cu_seqlens) - 1, 0, stream);
   gpu::LaunchOptions& options = launch.options;
   if (workspace) {
     if (!workspace->is_cuda() || workspace->get_device_index() != device ||
@@ -467,7 +689,7 @@ std::string can_prefill(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g,
     }
 #ifdef KDAGUARD_TORCH_CUDA
     call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const torch::stable::accelerator::DeviceGuard guard(c.cuda_device());
+    const CallDevice current(c.cuda_device());
     return verdict_text(Entry::prefill, gpu::can_implement(call));
 #else
     no_cuda(Entry::prefill);
@@ -494,7 +716,7 @@ VerifyCall verify_call(CallBuilder& c, const Tensor& q, const Tensor& k, const T
   c.set(call.scratch, scratch, "scratch");
   c.set(call.scratch_row_map, scratch_row_map, "scratch_row_map");
   c.set(call.scratch_indices, scratch_indices, "scratch_indices");
-  c.set(call.out, out, "out");
+  c.set(call.out, out, "out", Layout::tokens);
   set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
   call.scalars.draft_token_num = draft_token_num;
   c.refuse_early();
@@ -532,14 +754,14 @@ void verify_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTens
                                 draft_token_num, scale, lower_bound, use_qk_l2norm);
   const int device = c.cuda_device();
   call.device = Device{Device::Kind::cuda, device};
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CallDevice current(device);
   const cudaStream_t stream = current_stream(device);
-  if (!capturing(stream)) {
+  if ((cu_seqlens_cpu || cache_indices_cpu) && !capturing(stream)) {
     c.host_values(call.cu_seqlens, cu_seqlens_cpu, "cu_seqlens");
     c.host_values(call.cache_indices, cache_indices_cpu, "cache_indices");
   }
-  const GuardedLaunch launch = guarded_launch(Entry::verify, device, error_word,
-                                              leading(cu_seqlens) - 1, chunks_per_block, stream);
+  const GuardedLaunch launch(call, device, error_word, leading(call.cu_seqlens) - 1,
+                            chunks_per_block, stream);
   if (Status s = gpu::verify(call, launch.options); !s.ok()) raise(Entry::verify, s);
 #else
   (void)q, (void)k, (void)v, (void)a, (void)g, (void)A_log, (void)dt_bias, (void)b, (void)beta,
@@ -568,7 +790,7 @@ std::string can_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, O
     }
 #ifdef KDAGUARD_TORCH_CUDA
     call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const torch::stable::accelerator::DeviceGuard guard(c.cuda_device());
+    const CallDevice current(c.cuda_device());
     return verdict_text(Entry::verify, gpu::can_implement(call));
 #else
     no_cuda(Entry::verify);
@@ -615,10 +837,9 @@ void commit_cuda(Tensor scratch, OptTensor scratch_row_map, OptTensor scratch_in
                                 cache_indices, accepted, cu_seqlens, draft_token_num);
   const int device = c.cuda_device();
   call.device = Device{Device::Kind::cuda, device};
-  const torch::stable::accelerator::DeviceGuard guard(device);
+  const CallDevice current(device);
   const cudaStream_t stream = current_stream(device);
-  const GuardedLaunch launch =
-      guarded_launch(Entry::commit, device, error_word, leading(accepted), 0, stream);
+  const GuardedLaunch launch(call, device, error_word, leading(call.accepted), 0, stream);
   if (Status s = gpu::commit(call, launch.options); !s.ok()) raise(Entry::commit, s);
 #else
   (void)scratch, (void)scratch_row_map, (void)scratch_indices, (void)state, (void)cache_indices,
@@ -640,7 +861,7 @@ std::string can_commit(Tensor scratch, OptTensor scratch_row_map, OptTensor scra
     }
 #ifdef KDAGUARD_TORCH_CUDA
     call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const torch::stable::accelerator::DeviceGuard guard(c.cuda_device());
+    const CallDevice current(c.cuda_device());
     return verdict_text(Entry::commit, gpu::can_implement(call));
 #else
     no_cuda(Entry::commit);

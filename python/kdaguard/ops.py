@@ -2,7 +2,9 @@
 
 Engines' shapes are accepted as views, never copies: a leading batch dim of 1 (``[1, T, H, K]``),
 ``A_log`` as ``[1, 1, HV, 1]``, a raw gate ``a`` or ``g`` as ``[T, HV*K]``, ``b``/``beta`` as
-``[1, T, HV]``. A tensor that cannot be viewed so is passed on as it is and refused with its rule.
+``[1, T, HV]`` or ``[T, HV, 1]``. The ops take these layouts themselves, as the views torch would
+make of them, so no view is created per call. A tensor that cannot be viewed so is passed on as it
+is and refused with its rule.
 Mutated tensors (state, out, scratch) are never reshaped, copied or made contiguous.
 
 Every entry point returns ``out`` (allocated as ``[T, HV, V]`` in v's dtype when not given).
@@ -27,6 +29,9 @@ _error_words: dict[torch.device, torch.Tensor] = {}
 def error_word(device) -> torch.Tensor:
     """The default error word of `device` (int64[1]), which the device guard ORs rule bits into.
     Created on first use, which must not be under CUDA graph capture (``warm_up`` creates it)."""
+    word = _error_words.get(device)  # a tensor's .device names an existing word as it is
+    if word is not None:
+        return word
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -92,10 +97,32 @@ def prefill_workspace(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: i
     return torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
 
 
+# An eager call through an OpOverload first scans every argument for __torch_function__
+# overrides, at about as much host time as the rest of the dispatch for a B = 1 decode. Where that
+# scan can find nothing (no torch function mode is active and every argument is a plain tensor, a
+# Parameter, whose override is disabled, or a builtin scalar), the op is called through its
+# dispatcher handle directly, with the same boxing, dispatch keys and kernels.
+_call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
+_torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+_handles = ({op: op._handle for op in (_decode, _prefill, _verify, _commit)}
+            if _call_boxed is not None and _torch_function_mode is not None else {})
+_SCAN_FREE = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float})
+
+
+def _scan_free(args):
+    for arg in args:
+        if type(arg) not in _SCAN_FREE:
+            return False
+    return not _torch_function_mode()
+
+
 def _run(op, *args):
     if torch.compiler.is_compiling():
         return op(*args)
     try:
+        handle = _handles.get(op)
+        if handle is not None and _scan_free(args):
+            return _call_boxed(handle, *args)
         return op(*args)
     except (ValueError, RuntimeError) as e:
         err = error_from_text(str(e))
@@ -104,72 +131,38 @@ def _run(op, *args):
         raise err from None
 
 
-def _drop_batch1(t, rank):
-    # [1, T, ...] -> [T, ...], a view
-    if t is not None and t.dim() == rank + 1 and t.shape[0] == 1:
-        return t[0]
-    return t
-
-
-def _gate_rows(t, HV, K):
-    # [1, T, HV, K] or [T, HV*K] -> [T, HV, K], views only
-    if t is None:
-        return None
-    t = _drop_batch1(t, 3)
-    if t.dim() == 2 and t.shape[1] == HV * K:
-        try:
-            return t.view(t.shape[0], HV, K)
-        except RuntimeError:
-            return t
-    return t
-
-
-def _beta_rows(t):
-    if t is None:
-        return None
-    t = _drop_batch1(t, 2)
-    if t.dim() == 3 and t.shape[-1] == 1:
-        return t[..., 0]
-    return t
-
-
-def _a_log(t, HV):
-    if t is not None and t.dim() != 1 and t.numel() == HV:
-        try:
-            return t.view(HV)
-        except RuntimeError:
-            return t
-    return t
+# The engine layouts (a leading batch dim of 1, a gate [T, HV*K], beta [T, HV, 1], A_log of HV
+# elements) are taken by the ops themselves, as the views torch would make of them: a view made
+# here would cost about as much host time as the op's own bookkeeping for a B = 1 decode.
 
 
 def _refuse_grad(entry, tensors):
-    if torch.is_grad_enabled():
-        for name, t in tensors.items():
-            if t is not None and t.requires_grad:
-                raise Unsupported(
-                    f"kdaguard: {entry} unsupported: kdaguard is inference-only (no backward); "
-                    f"{name} requires grad while grad mode is on: run under torch.no_grad() or "
-                    "torch.inference_mode(), or detach it")
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise Unsupported(
+                f"kdaguard: {entry} unsupported: kdaguard is inference-only (no backward); "
+                f"{name} requires grad while grad mode is on: run under torch.no_grad() or "
+                "torch.inference_mode(), or detach it")
 
 
-def _state_layout(entry, state_layout):
-    if state_layout != "vk":
-        raise Unsupported(
-            f"kdaguard: {entry} unsupported: state_layout={state_layout!r}; kdaguard's pools are "
-            "V-first, [S, HV, V, K] ('vk'); a K-first pool ('kv', vLLM's) would be read "
-            "transposed, which the shapes alone cannot reveal when K == V")
-
-
-def _tokens(entry, q, k, v, a, g, A_log, dt_bias, b, beta):
-    q, k, v = _drop_batch1(q, 3), _drop_batch1(k, 3), _drop_batch1(v, 3)
-    HV = v.shape[-2] if v.dim() >= 2 else 0
-    K = q.shape[-1] if q.dim() >= 1 else 0
-    return (q, k, v, _gate_rows(a, HV, K), _gate_rows(g, HV, K), _a_log(A_log, HV), dt_bias,
-            _beta_rows(b), _beta_rows(beta))
+def _refuse_layout(entry, state_layout):
+    raise Unsupported(
+        f"kdaguard: {entry} unsupported: state_layout={state_layout!r}; kdaguard's pools are "
+        "V-first, [S, HV, V, K] ('vk'); a K-first pool ('kv', vLLM's) would be read "
+        "transposed, which the shapes alone cannot reveal when K == V")
 
 
 def _new_out(v):
-    return torch.empty(v.shape[0], v.shape[1], v.shape[2], dtype=v.dtype, device=v.device)
+    # [T, HV, V] in v's dtype, for v [T, HV, V] or [1, T, HV, V]
+    shape = v.shape
+    if len(shape) == 4 and shape[0] == 1:
+        shape = shape[1:]
+    return torch.empty(shape[0], shape[1], shape[2], dtype=v.dtype, device=v.device)
+
+
+def _rows(out):
+    # the [T, HV, V] view of an out given as [1, T, HV, V]
+    return out[0] if out.dim() == 4 and out.shape[0] == 1 else out
 
 
 def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias=None, b=None,
@@ -178,17 +171,23 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
            chunks_per_block=0):
     """One token per request; state slot cache_indices[i] updated in place; -1 rows get zero
     output and no state access. Returns out ``[B, HV, V]``."""
-    _state_layout("decode", state_layout)
+    if state_layout != "vk":
+        _refuse_layout("decode", state_layout)
     if torch.is_grad_enabled():
         _refuse_grad("decode", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
                                 "state": state})
-    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("decode", q, k, v, a, g, A_log, dt_bias, b,
-                                                     beta)
-    out = _new_out(v) if out is None else _drop_batch1(out, 3)
-    word = error_word if error_word is not None else _default_error_word(q.device)
-    _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
-         word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu, chunks_per_block)
-    return out
+    if error_word is None:
+        error_word = _default_error_word(q.device)
+    out = _new_out(v) if out is None else out
+    if cache_indices_cpu is None and chunks_per_block == 0:
+        # the schema's defaults, left to the dispatcher: each argument passed costs host time
+        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
+             out, error_word, scale, lower_bound, use_qk_l2norm)
+    else:
+        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
+             out, error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu,
+             chunks_per_block)
+    return _rows(out)
 
 
 def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None, g=None,
@@ -197,18 +196,18 @@ def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None
             initial_state_indices_cpu=None, state_layout="vk"):
     """Varlen prefill: sequence n's tokens [cu_seqlens[n], cu_seqlens[n+1]) start from slot
     initial_state_indices[n], whose final state is written back in place. Returns out."""
-    _state_layout("prefill", state_layout)
+    if state_layout != "vk":
+        _refuse_layout("prefill", state_layout)
     if torch.is_grad_enabled():
         _refuse_grad("prefill", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
                                  "initial_state": initial_state})
-    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("prefill", q, k, v, a, g, A_log, dt_bias, b,
-                                                     beta)
-    out = _new_out(v) if out is None else _drop_batch1(out, 3)
-    word = error_word if error_word is not None else _default_error_word(q.device)
+    if error_word is None:
+        error_word = _default_error_word(q.device)
+    out = _new_out(v) if out is None else out
     _run(_prefill, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, initial_state,
-         initial_state_indices, out, word, workspace, scale, lower_bound, use_qk_l2norm,
+         initial_state_indices, out, error_word, workspace, scale, lower_bound, use_qk_l2norm,
          cu_seqlens_cpu, initial_state_indices_cpu)
-    return out
+    return _rows(out)
 
 
 def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_num,
@@ -218,26 +217,28 @@ def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_nu
            chunks_per_block=0):
     """N rows of up to T draft tokens from the committed state (read only); the state after step
     t of row n goes to its scratch slot. Returns out."""
-    _state_layout("verify", state_layout)
+    if state_layout != "vk":
+        _refuse_layout("verify", state_layout)
     if torch.is_grad_enabled():
         _refuse_grad("verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
-    q, k, v, a, g, A_log, dt_bias, b, beta = _tokens("verify", q, k, v, a, g, A_log, dt_bias, b,
-                                                     beta)
-    out = _new_out(v) if out is None else _drop_batch1(out, 3)
-    word = error_word if error_word is not None else _default_error_word(q.device)
+    if error_word is None:
+        error_word = _default_error_word(q.device)
+    out = _new_out(v) if out is None else out
     _run(_verify, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices,
-         scratch, scratch_row_map, scratch_indices, out, word, draft_token_num, scale,
+         scratch, scratch_row_map, scratch_indices, out, error_word, draft_token_num, scale,
          lower_bound, use_qk_l2norm, cu_seqlens_cpu, cache_indices_cpu, chunks_per_block)
-    return out
+    return _rows(out)
 
 
 def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_row_map=None,
            scratch_indices=None, cu_seqlens=None, error_word=None, state_layout="vk"):
     """Copies the state after row n's last accepted step into slot cache_indices[n]."""
-    _state_layout("commit", state_layout)
-    word = error_word if error_word is not None else _default_error_word(state.device)
+    if state_layout != "vk":
+        _refuse_layout("commit", state_layout)
+    if error_word is None:
+        error_word = _default_error_word(state.device)
     _run(_commit, scratch, scratch_row_map, scratch_indices, state, cache_indices, accepted,
-         cu_seqlens, word, draft_token_num)
+         cu_seqlens, error_word, draft_token_num)
 
 
 class Verdict(NamedTuple):
@@ -254,21 +255,20 @@ def can_implement(entry: str, q=None, k=None, v=None, **kw) -> Verdict:
     """Whether the call can run, without launching anything; never raises for a refusal."""
     grad = {n: t for n, t in dict(q=q, k=k, v=v, **kw).items() if isinstance(t, torch.Tensor)}
     try:
-        if "state_layout" in kw:
-            _state_layout(entry, kw.pop("state_layout"))
-        _refuse_grad(entry, grad)
+        if "state_layout" in kw and kw["state_layout"] != "vk":
+            _refuse_layout(entry, kw["state_layout"])
+        if torch.is_grad_enabled():
+            _refuse_grad(entry, grad)
     except Unsupported as e:
         return Verdict(False, str(e), e)
-    for name in ("error_word", "workspace", "cu_seqlens_cpu", "cache_indices_cpu",
-                 "initial_state_indices_cpu", "chunks_per_block"):
+    for name in ("state_layout", "error_word", "workspace", "cu_seqlens_cpu",
+                 "cache_indices_cpu", "initial_state_indices_cpu", "chunks_per_block"):
         kw.pop(name, None)
     if entry != "commit":
-        q, k, v, a, g, A_log, dt_bias, b, beta = _tokens(
-            entry, q, k, v, kw.pop("a", None), kw.pop("g", None), kw.pop("A_log", None),
-            kw.pop("dt_bias", None), kw.pop("b", None), kw.pop("beta", None))
         out = kw.pop("out", None)
-        out = _new_out(v) if out is None else _drop_batch1(out, 3)
-        tok = (q, k, v, a, g, A_log, dt_bias, b, beta)
+        tok = (q, k, v, kw.pop("a", None), kw.pop("g", None), kw.pop("A_log", None),
+               kw.pop("dt_bias", None), kw.pop("b", None), kw.pop("beta", None))
+        out = _new_out(v) if out is None else out
         sc = (kw.pop("scale", None), kw.pop("lower_bound", None), kw.pop("use_qk_l2norm", False))
     if entry == "decode":
         text = _ops.can_decode.default(*tok, kw.pop("state"), kw.pop("cache_indices"),

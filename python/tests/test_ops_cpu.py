@@ -122,6 +122,78 @@ def test_decode_accepts_engine_leading_dims_as_views():
     assert torch.equal(ref, got)
 
 
+def _engine_layouts(B, HV, K, gen):
+    """(argument, tensor in an engine's layout, the contract view torch makes of it) triples,
+    strided so that a stride computed differently from torch's view would show."""
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    wide = rnd(B, 2 * HV * K + 8).to(torch.bfloat16)
+    gates = [wide[:, :HV * K], wide[:, 8:8 + HV * K], wide[:, ::2][:, :HV * K],
+             rnd(HV * K, B).to(torch.bfloat16).t(),
+             rnd(B * HV * K + 3).to(torch.bfloat16).as_strided(
+                 (B, HV * K), (3 if B == 1 else HV * K, 1))]  # any row stride when B == 1
+    cases = [("a", t, t.view(B, HV, K)) for t in gates]
+    gate4 = rnd(1, B, HV, 2 * K).to(torch.bfloat16)[..., :K]
+    cases.append(("a", gate4, gate4[0]))
+    col = rnd(1, 2 * HV, 1)[:, ::2]
+    # size-1 dims join any run of evenly spaced elements, whatever their stride
+    odd = rnd(HV * 50).as_strided((HV // 2, 1, 2), (2, 99, 1))
+    A_logs = [rnd(1, 1, HV, 1), col, rnd(HV), rnd(HV // 2, 2).t(), rnd(1, HV, 2)[..., :1], odd]
+    for t in A_logs:
+        try:
+            cases.append(("A_log", t, t.view(HV)))
+        except RuntimeError:  # torch cannot view it: the op takes it as it is
+            cases.append(("A_log", t, t))
+    b = rnd(B, HV).to(torch.bfloat16)
+    cases += [("b", b.unsqueeze(0), b), ("b", rnd(B, HV, 3).to(torch.bfloat16)[..., 1:2],
+                                         None)]
+    return [(n, t, t[..., 0] if view is None else view) for n, t, view in cases]
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_the_ops_take_engine_layouts_as_the_views_torch_makes(B):
+    gen = torch.Generator().manual_seed(11)
+    p = decode_problem(B=B, HV=4, K=64, V=64, padding=False)
+    HV, K = p["v"].shape[1], p["q"].shape[2]
+    for name, engine, contract in _engine_layouts(B, HV, K, gen):
+        got = ops.can_implement("decode", **{**p, name: engine})
+        want = ops.can_implement("decode", **{**p, name: contract})
+        assert got.text == want.text, (name, engine.shape, engine.stride())
+        if not want.ok:
+            continue
+        state_got, state_want = p["state"].clone(), p["state"].clone()
+        out_got = ops.decode(**{**p, name: engine, "state": state_got})
+        out_want = ops.decode(**{**p, name: contract, "state": state_want})
+        assert torch.equal(out_got, out_want) and torch.equal(state_got, state_want), name
+
+
+def test_torch_function_modes_and_overrides_still_see_the_ops():
+    seen = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    class Tagged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    p = decode_problem(B=2, padding=False)
+    expect = ops.decode(**{**p, "state": p["state"].clone()})
+    with Record():
+        got = ops.decode(**{**p, "state": p["state"].clone()})
+    assert torch.ops.kdaguard.decode.default in seen and torch.equal(got, expect)
+    seen.clear()
+    got = ops.decode(**{**p, "state": p["state"].clone(),
+                        "dt_bias": p["dt_bias"].as_subclass(Tagged)})
+    assert torch.ops.kdaguard.decode.default in seen and torch.equal(got, expect)
+    got = ops.decode(**{**p, "state": p["state"].clone(),
+                        "dt_bias": torch.nn.Parameter(p["dt_bias"], requires_grad=False)})
+    assert torch.equal(got, expect)
+
+
 def prefill_problem(*, lens=(5, 0, 17), H=1, HV=2, K=64, V=128, io=torch.bfloat16,
                     state_dtype=torch.float32, S=6, seed=1):
     gen = torch.Generator().manual_seed(seed)

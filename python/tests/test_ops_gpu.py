@@ -104,3 +104,23 @@ def test_unprepared_first_call_under_capture_is_refused_clearly():
     with pytest.raises(kdaguard.Unsupported, match="not prepared"):
         with torch.cuda.graph(graph):
             ops.decode(**d, error_word=word)
+
+
+def test_host_copies_of_index_values_are_checked_on_the_host():
+    p = decode_problem(B=4, K=128, V=128, S=16, padding=False)
+    guarded, hosted = _to(p, "cuda"), _to(p, "cuda")
+    out_guarded = ops.decode(**guarded)
+    out_hosted = ops.decode(**hosted, cache_indices_cpu=p["cache_indices"])
+    torch.cuda.synchronize()
+    assert torch.equal(out_guarded, out_hosted) and torch.equal(guarded["state"], hosted["state"])
+    bad = p["cache_indices"].clone()
+    bad[1] = 99  # outside the pool: refused on the host, before anything runs
+    d = _to(p, "cuda")
+    out = torch.full((4, p["v"].shape[1], 128), 7.0, dtype=torch.bfloat16, device="cuda")
+    before = d["state"].clone()
+    with pytest.raises(kdaguard.ContractViolation) as info:
+        ops.decode(**d, out=out, cache_indices_cpu=bad)
+    assert info.value.rules == ("index.range",)
+    torch.cuda.synchronize()
+    assert torch.equal(d["state"], before) and bool((out == 7.0).all())
+    ops.check_error_word(ops.error_word("cuda"))
