@@ -36,6 +36,7 @@ using kdaguard::DType;
 using kdaguard::TensorView;
 using kdaguard::bench::CopyCeiling;
 using kdaguard::bench::DeviceBuffer;
+using kdaguard::bench::device_view;
 using kdaguard::bench::fill_uniform;
 using kdaguard::bench::hold_gpu;
 
@@ -51,14 +52,6 @@ std::unique_ptr<DeviceBuffer> random_buffer(std::int64_t elements, DType t, floa
   auto b = std::make_unique<DeviceBuffer>(elements * kdaguard::element_size(t));
   fill_uniform(*b, elements, t, lo, hi, seed);
   return b;
-}
-
-TensorView device_view(DType t, const std::vector<std::int64_t>& shape, const void* p,
-                       std::int64_t offset = 0) {
-  TensorView v = TensorView::contiguous(t, shape);
-  v.address = reinterpret_cast<std::uint64_t>(p);
-  v.storage_offset = kdaguard::Elements{offset};
-  return v;
 }
 
 // ---- the copy ceiling -----------------------------------------------------------------------------

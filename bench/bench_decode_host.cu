@@ -28,26 +28,14 @@
 namespace {
 
 using kdaguard::DType;
-using kdaguard::Elements;
 using kdaguard::TensorView;
 using kdaguard::bench::DeviceBuffer;
+using kdaguard::bench::device_view;
 using kdaguard::bench::fill_uniform;
 
 constexpr std::int64_t kB = 1, kH = 2, kHV = 8, kK = 128, kV = 128, kSlots = 32;
 constexpr std::int64_t kSlotStride = kHV * kV * kK + 64;
 constexpr int kBurst = 100;
-
-// A view of `shape` and `stride` at `offset` elements into an allocation of `elements`.
-TensorView view_of(const DeviceBuffer& b, std::int64_t elements, DType t,
-                   std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,
-                   std::int64_t offset = 0) {
-  TensorView v = TensorView::contiguous(t, shape);
-  for (std::size_t d = 0; d < stride.size(); ++d) v.stride[d] = stride[d];
-  v.address = reinterpret_cast<std::uint64_t>(b.ptr);
-  v.storage_offset = Elements{offset};
-  v.storage_size = Elements{elements};
-  return v;
-}
 
 struct Problem {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers;
@@ -64,26 +52,28 @@ struct Problem {
   Problem() {
     const std::int64_t row = 2 * kH * kK + kHV * kV;
     const DeviceBuffer& mixed = buffer(kB * row, DType::bf16, -1.f, 1.f, 1);
-    call.q = view_of(mixed, kB * row, DType::bf16, {kB, kH, kK}, {row, kK, 1});
-    call.k = view_of(mixed, kB * row, DType::bf16, {kB, kH, kK}, {row, kK, 1}, kH * kK);
-    call.v = view_of(mixed, kB * row, DType::bf16, {kB, kHV, kV}, {row, kV, 1}, 2 * kH * kK);
+    call.q = device_view(DType::bf16, {kB, kH, kK}, mixed.ptr, 0, {row, kK, 1}, kB * row);
+    call.k = device_view(DType::bf16, {kB, kH, kK}, mixed.ptr, kH * kK, {row, kK, 1}, kB * row);
+    call.v = device_view(DType::bf16, {kB, kHV, kV}, mixed.ptr, 2 * kH * kK, {row, kV, 1},
+                         kB * row);
     const DeviceBuffer& a = buffer(kB * kHV * kK, DType::bf16, -1.f, 1.f, 2);
-    call.a = view_of(a, kB * kHV * kK, DType::bf16, {kB, kHV, kK}, {kHV * kK, kK, 1});
+    call.a = device_view(DType::bf16, {kB, kHV, kK}, a.ptr, 0, {kHV * kK, kK, 1}, kB * kHV * kK);
     const DeviceBuffer& A_log = buffer(kHV, DType::f32, -0.5f, 0.5f, 3);
-    call.A_log = view_of(A_log, kHV, DType::f32, {kHV}, {1});
+    call.A_log = device_view(DType::f32, {kHV}, A_log.ptr, 0, {1}, kHV);
     const DeviceBuffer& dt_bias = buffer(kHV * kK, DType::f32, -0.1f, 0.1f, 4);
-    call.dt_bias = view_of(dt_bias, kHV * kK, DType::f32, {kHV * kK}, {1});
+    call.dt_bias = device_view(DType::f32, {kHV * kK}, dt_bias.ptr, 0, {1}, kHV * kK);
     const DeviceBuffer& b = buffer(kB * kHV, DType::bf16, -1.f, 1.f, 5);
-    call.b = view_of(b, kB * kHV, DType::bf16, {kB, kHV}, {kHV, 1});
+    call.b = device_view(DType::bf16, {kB, kHV}, b.ptr, 0, {kHV, 1}, kB * kHV);
     const DeviceBuffer& pool = buffer(kSlots * kSlotStride, DType::f32, -0.1f, 0.1f, 6);
-    call.state = view_of(pool, kSlots * kSlotStride, DType::f32, {kSlots, kHV, kV, kK},
-                         {kSlotStride, kV * kK, kK, 1});
+    call.state = device_view(DType::f32, {kSlots, kHV, kV, kK}, pool.ptr, 0,
+                             {kSlotStride, kV * kK, kK, 1}, kSlots * kSlotStride);
     buffers.push_back(std::make_unique<DeviceBuffer>(kB * sizeof(std::int32_t)));
     const std::int32_t slot = 5;
     CHECK_CUDA(cudaMemcpy(buffers.back()->ptr, &slot, sizeof slot, cudaMemcpyHostToDevice));
-    call.cache_indices = view_of(*buffers.back(), kB, DType::i32, {kB}, {1});
+    call.cache_indices = device_view(DType::i32, {kB}, buffers.back()->ptr, 0, {1}, kB);
     const DeviceBuffer& out = buffer(kB * kHV * kV, DType::bf16, 0.f, 0.f, 7);
-    call.out = view_of(out, kB * kHV * kV, DType::bf16, {kB, kHV, kV}, {kHV * kV, kV, 1});
+    call.out = device_view(DType::bf16, {kB, kHV, kV}, out.ptr, 0, {kHV * kV, kV, 1},
+                           kB * kHV * kV);
     call.scalars.use_qk_l2norm = true;
     call.device = kdaguard::Device{kdaguard::Device::Kind::cuda, 0};
 

@@ -26,14 +26,8 @@ using kdaguard::DType;
 using kdaguard::TensorView;
 using kdaguard::bench::CopyCeiling;
 using kdaguard::bench::DeviceBuffer;
+using kdaguard::bench::device_view;
 using kdaguard::bench::fill_uniform;
-
-TensorView device_view(DType dtype, std::vector<std::int64_t> shape, const DeviceBuffer& b) {
-  TensorView t = TensorView::contiguous(dtype, shape);
-  t.device = Device{Device::Kind::cuda, 0};
-  t.address = reinterpret_cast<std::uint64_t>(b.ptr);
-  return t;
-}
 
 // One prefill problem on the device and the call that describes it.
 struct PrefillProblem {
@@ -66,18 +60,18 @@ struct PrefillProblem {
     CHECK_CUDA(cudaMemcpy(idx_dev.ptr, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
 
     call.device = Device{Device::Kind::cuda, 0};
-    call.q = device_view(DType::bf16, {T, H, K}, q);
-    call.k = device_view(DType::bf16, {T, H, K}, k);
-    call.v = device_view(DType::bf16, {T, H, V}, v);
-    call.a = device_view(DType::bf16, {T, H, K}, a);
-    call.b = device_view(DType::bf16, {T, H}, b);
-    call.A_log = device_view(DType::f32, {H}, A_log);
-    call.dt_bias = device_view(DType::f32, {H * K}, dt_bias);
-    call.initial_state = device_view(DType::f32, {N, H, V, K}, state);
-    call.out = device_view(DType::bf16, {T, H, V}, out);
-    call.cu_seqlens = device_view(DType::i32, {N + 1}, cu_dev);
+    call.q = device_view(DType::bf16, {T, H, K}, q.ptr);
+    call.k = device_view(DType::bf16, {T, H, K}, k.ptr);
+    call.v = device_view(DType::bf16, {T, H, V}, v.ptr);
+    call.a = device_view(DType::bf16, {T, H, K}, a.ptr);
+    call.b = device_view(DType::bf16, {T, H}, b.ptr);
+    call.A_log = device_view(DType::f32, {H}, A_log.ptr);
+    call.dt_bias = device_view(DType::f32, {H * K}, dt_bias.ptr);
+    call.initial_state = device_view(DType::f32, {N, H, V, K}, state.ptr);
+    call.out = device_view(DType::bf16, {T, H, V}, out.ptr);
+    call.cu_seqlens = device_view(DType::i32, {N + 1}, cu_dev.ptr);
     call.cu_seqlens->values = cu;
-    call.initial_state_indices = device_view(DType::i32, {N}, idx_dev);
+    call.initial_state_indices = device_view(DType::i32, {N}, idx_dev.ptr);
     call.initial_state_indices->values = std::vector<std::int64_t>(idx.begin(), idx.end());
     call.scalars.lower_bound = -5.0;
     call.scalars.use_qk_l2norm = true;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "kdaguard/contracts/tensor_view.h"
@@ -30,6 +31,20 @@
   } while (0)
 
 namespace kdaguard::bench {
+
+// A view of `shape` at `offset` elements into the device allocation at `p`, on the call's device:
+// row-major unless `stride` is given; `elements`, when given, is the allocation's size, so the
+// contracts check the view against it as they do the binding's views.
+inline TensorView device_view(DType dtype, const std::vector<std::int64_t>& shape, const void* p,
+                              std::int64_t offset = 0, const std::vector<std::int64_t>& stride = {},
+                              std::optional<std::int64_t> elements = std::nullopt) {
+  TensorView v = TensorView::contiguous(dtype, shape);
+  for (std::size_t d = 0; d < stride.size(); ++d) v.stride[d] = stride[d];
+  v.address = reinterpret_cast<std::uint64_t>(p);
+  v.storage_offset = Elements{offset};
+  if (elements) v.storage_size = Elements{*elements};
+  return v;
+}
 
 // One cudaMalloc, freed with the buffer; not copyable, so it is freed once.
 struct DeviceBuffer {
