@@ -179,14 +179,11 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
     if error_word is None:
         error_word = _default_error_word(q.device)
     out = _new_out(v) if out is None else out
-    if cache_indices_cpu is None and chunks_per_block == 0:
-        # the schema's defaults, left to the dispatcher: each argument passed costs host time
-        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
-             out, error_word, scale, lower_bound, use_qk_l2norm)
-    else:
-        _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens,
-             out, error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu,
-             chunks_per_block)
+    # the schema's trailing defaults are left to the dispatcher: each one passed costs host time
+    trailing = (() if cache_indices_cpu is None and chunks_per_block == 0
+                else (cache_indices_cpu, chunks_per_block))
+    _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
+         error_word, scale, lower_bound, use_qk_l2norm, *trailing)
     return _rows(out)
 
 
