@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kdaguard/contracts/row_rules.h"
+#include "kdaguard/contracts/supported.h"
 
 namespace kdaguard {
 namespace {
@@ -680,7 +681,7 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
             fmt::format("HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", *d.HV,
                         *d.H));
     auto head_dim = [&](std::optional<i64> size, std::string_view which, Arg where) {
-      if (size && *size != 64 && *size != 128)
+      if (size && !supported::head_dim(*size))
         r.add(RuleId::dims_head_dim, arg_name(where),
               fmt::format("{} must be 64 or 128; got {} ({})", which, *size, arg_name(where)));
     };
