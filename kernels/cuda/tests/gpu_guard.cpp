@@ -150,12 +150,21 @@ TEST(GpuRefusal, DeferredChecksNeedAGuard) {
   const Status s = run_gpu(d.call, {});
   EXPECT_EQ(s.code, StatusCode::unsupported) << to_string(s);
   EXPECT_NE(s.detail.find("index.range"), std::string::npos) << s.detail;
-  gpu::LaunchOptions small;
-  small.guard = make_guard(arena, 2);  // fewer row flags than rows
-  EXPECT_EQ(run_gpu(d.call, small).code, StatusCode::unsupported);
+  gpu::LaunchOptions no_word;
+  no_word.guard = make_guard(arena, 8);
+  no_word.guard.error_word = nullptr;  // row flags alone report nothing
+  EXPECT_EQ(run_gpu(d.call, no_word).code, StatusCode::unsupported);
   check_cuda(cudaDeviceSynchronize(), "sync");
   download(d.host, d.copy);
   EXPECT_TRUE(d.host.snapshot() == d.before);
+  // Decode judges its rows in its own prologue: an error word is all the guard it needs.
+  gpu::LaunchOptions word_only;
+  word_only.guard = make_guard(arena, 1);
+  word_only.guard.row_flags = nullptr;
+  word_only.guard.row_flags_capacity = 0;
+  EXPECT_TRUE(run_gpu(d.call, word_only).ok());
+  check_cuda(cudaDeviceSynchronize(), "sync");
+  EXPECT_EQ(read_error_word(word_only.guard), 0u);
 }
 
 // ---- the device guard ---------------------------------------------------------------------------
