@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Compares bench_decode results (Google Benchmark JSON) with a stored baseline and with the peer.
+"""Compares benchmark results (Google Benchmark JSON) with the stored baseline and with the peer.
 
-  compare_baselines.py NEW.json --baseline OLD.json [--threshold 0.10]
+  compare_baselines.py NEW.json [--baseline OLD.json] [--threshold 0.10]
       One line per benchmark in both files: old and new time, the change, and REGRESSION where the
       new median is slower by more than the threshold (default 10%). Exits 1 on any regression.
-      Percent-of-copy figures are compared too, since they carry each run's own ceiling.
+      Percent-of-copy figures are compared too, since they carry each run's own ceiling. The
+      baseline defaults to the one current baseline of the benchmark binary that wrote NEW.json:
+      bench/baselines/<binary>.json (bench_decode.json, bench_prefill.json); older ones live in
+      git history.
   compare_baselines.py NEW.json --peer PEER.json
       Our time next to the peer's (bench/peer_fla.py) on the same shapes: speedup = peer / ours.
 
@@ -12,8 +15,11 @@ Uses the median aggregate of each benchmark when repetitions were run, else its 
 """
 import argparse
 import json
+import os
 import re
 import sys
+
+BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines")
 
 
 def load_benchmarks(path):
@@ -77,12 +83,19 @@ def compare_peer(new, peer):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("new")
-    parser.add_argument("--baseline")
+    parser.add_argument("--baseline", help="default: bench/baselines/<binary of NEW.json>.json")
+    parser.add_argument("--no-baseline", action="store_true", help="compare with the peer only")
     parser.add_argument("--peer")
     parser.add_argument("--threshold", type=float, default=0.10)
     args = parser.parse_args()
     context, new = load_benchmarks(args.new)
     status = 0
+    if not args.baseline and not args.no_baseline:
+        binary = os.path.basename(context.get("executable", ""))
+        args.baseline = os.path.join(BASELINES, f"{binary}.json")
+        if not binary or not os.path.exists(args.baseline):
+            print(f"no baseline for {binary or 'an unnamed binary'} in {BASELINES}", file=sys.stderr)
+            return 2
     if args.baseline:
         _, old = load_benchmarks(args.baseline)
         regressions = compare_baseline(new, old, args.threshold)

@@ -68,15 +68,15 @@ timeout "${T_BENCH:-300}" "$bench" --benchmark_repetitions=5 --benchmark_min_tim
 } >>"$summary"
 if [ -f bench/baselines/bench_decode.json ]; then
   { echo; echo "### Against bench/baselines/bench_decode.json"; echo;
-    python3 bench/compare_baselines.py "$report_dir/bench_decode.json" \
-      --baseline bench/baselines/bench_decode.json; } >>"$summary" || true
+    python3 bench/compare_baselines.py "$report_dir/bench_decode.json"; } >>"$summary" || true
 fi
 
 if [ "${PEER:-0}" = 1 ]; then
   echo "== peer (flash-linear-attention fused_recurrent_kda)"
   if timeout "${T_PEER:-420}" python3 bench/peer_fla.py --out "$report_dir/peer.json" >"$report_dir/peer.log" 2>&1; then
     { echo; echo "### Peer, same run"; echo;
-      python3 bench/compare_baselines.py "$report_dir/bench_decode.json" --peer "$report_dir/peer.json"; } >>"$summary"
+      python3 bench/compare_baselines.py "$report_dir/bench_decode.json" --no-baseline \
+        --peer "$report_dir/peer.json"; } >>"$summary"
   else
     { echo; echo "Peer run failed: $(tail -3 "$report_dir/peer.log")"; } >>"$summary"
   fi

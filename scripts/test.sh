@@ -9,7 +9,8 @@ jobs=$(nproc)
 scripts/setup.sh
 
 echo "== build (default preset)"
-cmake --preset default
+werror=-DKDAGUARD_WARNINGS_AS_ERRORS=${KDAGUARD_WARNINGS_AS_ERRORS:-OFF}  # ON in CI (.ci/run)
+cmake --preset default "$werror"
 cmake --build --preset default -j"$jobs"
 
 echo "== tests (default preset)"
@@ -20,6 +21,6 @@ echo "== Python tests (kdaguard._C from build/python; gpu-marked tests skip with
 PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider python/tests
 
 echo "== fuzz smoke runs (clang 14, ASan + UBSan)"
-cmake --preset fuzz
+cmake --preset fuzz "$werror"
 cmake --build --preset fuzz -j"$jobs"
 ctest --preset fuzz -L fuzz -j"$jobs"

@@ -1,7 +1,7 @@
 // What does the copy itself reach at the size of one decode or verify call, and what does a plain
 // kernel reach with verify's access pattern (read one state, write T)? A measurement behind
-// bench/NOTES.md (session 10), not part of the build:
-//   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o call_size_ceiling call_size_ceiling.cu
+// bench/NOTES.md (v7 decode), built as probe_call_size_ceiling in CUDA builds
+// (bench/CMakeLists.txt) and run by hand.
 // Every figure is relative to the 2 GiB cudaMemcpyAsync device-to-device figure (bytes read +
 // written), which is what bench_decode calls the copy ceiling. Buffers rotate over 4 GiB so that
 // no repetition finds its bytes in the 60 MB L2.

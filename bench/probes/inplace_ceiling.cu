@@ -1,8 +1,7 @@
 // How close can a plain in-place read-modify-write of a 1 GiB buffer get to cudaMemcpy's
 // device-to-device figure, by access pattern and occupancy? A measurement behind bench/NOTES.md
-// (session 9), not part of the build:
-//   nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -o inplace_ceiling inplace_ceiling.cu
-// Output of the H200 run: bench/baselines/s9_probe.txt.
+// (v6 decode), built as probe_inplace_ceiling in CUDA builds (bench/CMakeLists.txt) and run by
+// hand. Output of the H200 run: s9_probe.txt, in git history (bench/NOTES.md says how).
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <vector>

@@ -101,4 +101,15 @@ std::uint64_t enabled_rules() {
   return ~std::uint64_t{0};
 }
 
+std::uint64_t enabled_device_rules() {
+  std::uint64_t enabled = enabled_rules();
+#ifdef KDAGUARD_ENABLE_KNOCKOUT
+  // The device half alone: the host validators keep the rule, so a device test comparing the
+  // device's verdict with the host's sees the device check missing.
+  if (const char* id = std::getenv("KDAGUARD_KNOCKOUT_DEVICE_RULE"))
+    if (const auto rule = rule_from_id(id)) enabled &= ~value_checks::rule_bit(*rule);
+#endif
+  return enabled;
+}
+
 }  // namespace kdaguard

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kdaguard/contracts/row_rules.h"
+#include "kdaguard/contracts/supported.h"
 
 namespace kdaguard {
 namespace {
@@ -361,8 +362,11 @@ bool maps_elements_one_to_one(const TensorView& t) {
     if (t.shape[d] == 0) return true;  // an empty view maps nothing, whatever its strides
     if (t.shape[d] > 1) order[n++] = d;
   }
-  std::sort(order.begin(), order.begin() + n,
-            [&](int x, int y) { return t.stride[x] < t.stride[y]; });
+  // By stride, insertion sort: at most kMaxRank dims (std::sort's path for long ranges draws
+  // GCC 12's -Warray-bounds on this 8-entry array).
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && t.stride[order[j]] < t.stride[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
   i64 spanned = 0;  // largest offset reachable with the smaller dims
   for (int i = 0; i < n; ++i) {
     const int d = order[i];
@@ -376,8 +380,10 @@ bool maps_elements_one_to_one(const TensorView& t) {
 // Per-argument checks
 // ------------------------------------------------------------------------------------------------
 
+bool is_floating(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32; }
+
 bool dtype_allowed(DTypeRule rule, DType t, std::optional<DType> io) {
-  const bool floating = t == DType::bf16 || t == DType::f16 || t == DType::f32;
+  const bool floating = is_floating(t);
   switch (rule) {
     case kIo: return io ? t == *io : floating;
     case kF32OrIo: return t == DType::f32 || (io ? t == *io : floating);
@@ -425,7 +431,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
   const TensorView* q = ctx.view(Arg::q);
   const std::optional<DType> io =
-      (q && s.arg != Arg::q && dtype_allowed(kIo, q->dtype, std::nullopt))
+      (q && s.arg != Arg::q && is_floating(q->dtype))
           ? std::optional<DType>(q->dtype)
           : std::nullopt;
   if (s.arg == Arg::scratch_indices) {
@@ -680,7 +686,7 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
             fmt::format("HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", *d.HV,
                         *d.H));
     auto head_dim = [&](std::optional<i64> size, std::string_view which, Arg where) {
-      if (size && *size != 64 && *size != 128)
+      if (size && !supported::head_dim(*size))
         r.add(RuleId::dims_head_dim, arg_name(where),
               fmt::format("{} must be 64 or 128; got {} ({})", which, *size, arg_name(where)));
     };
@@ -732,12 +738,6 @@ std::optional<ByteRange> byte_range(const TensorView& t) {
   const i64 esize = element_size(t.dtype);
   const std::uint64_t begin = t.address + static_cast<std::uint64_t>(t.storage_offset.count * esize);
   return ByteRange{begin, begin + static_cast<std::uint64_t>((*span + 1) * esize)};
-}
-
-bool is_output(const Context& ctx, Arg a) {
-  for (const ArgSpec& s : ctx.specs)
-    if (s.arg == a) return s.output;
-  return false;
 }
 
 void check_aliasing(const Context& ctx, Report& r) {

@@ -65,12 +65,14 @@ const std::int32_t* indices_of(const OptionalView& t) {
   return t ? static_cast<const std::int32_t*>(data_of(*t)) : nullptr;
 }
 
-ScratchTarget scratch_target(const TensorView& scratch, const OptionalView& scratch_indices) {
+ScratchTarget scratch_target(const TensorView& scratch, const OptionalView& scratch_indices,
+                             const OptionalView& scratch_row_map) {
   ScratchTarget target;
   target.scratch = pool_of(scratch);
   target.scratch_steps = scratch.shape[1];
   target.scratch_indices = indices_of(scratch_indices);
   target.indices_row_stride = scratch_indices ? scratch_indices->stride[0] : 0;
+  if (!scratch_indices) target.scratch_row_map = indices_of(scratch_row_map);
   return target;
 }
 
@@ -82,6 +84,7 @@ DecodeParams lower(const DecodeCall& c) {
   p.batch = static_cast<std::int32_t>(c.q->shape[0]);
   p.state = pool_of(*c.state);
   p.cache_indices = indices_of(c.cache_indices);
+  p.cu_seqlens = indices_of(c.cu_seqlens);
   p.out = out_of(*c.out);
   return p;
 }
@@ -108,7 +111,7 @@ VerifyParams lower(const VerifyCall& c) {
   p.cu_seqlens = indices_of(c.cu_seqlens);
   p.state = pool_of(*c.state);
   p.cache_indices = indices_of(c.cache_indices);
-  p.target = scratch_target(*c.scratch, c.scratch_indices);
+  p.target = scratch_target(*c.scratch, c.scratch_indices, c.scratch_row_map);
   p.out = out_of(*c.out);
   return p;
 }
@@ -122,8 +125,9 @@ CommitParams lower(const CommitCall& c) {
   p.K = static_cast<std::int32_t>(c.state->shape[3]);
   p.state = pool_of(*c.state);
   p.cache_indices = indices_of(c.cache_indices);
-  p.source = scratch_target(*c.scratch, c.scratch_indices);
+  p.source = scratch_target(*c.scratch, c.scratch_indices, c.scratch_row_map);
   p.accepted = indices_of(c.accepted);
+  p.cu_seqlens = indices_of(c.cu_seqlens);
   return p;
 }
 

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "kdaguard/contracts/supported.h"
+
 namespace kdaguard::support {
 
 using i64 = std::int64_t;
@@ -77,8 +79,10 @@ CallPlan draw_plan(Entry e, const PlanNeeds& needs, Chooser& c) {
   while (ratio < needs.min_heads_ratio) ratio *= 2;
   if (p.H * ratio > 4) p.H = 1;
   p.HV = p.H * ratio;
-  p.K = c.coin() ? 128 : 64;
-  p.V = c.coin() ? 128 : 64;
+  // One coin per dim, as the seed corpora were written with (coin: the larger).
+  static_assert(supported::kHeadDims.size() == 2);
+  p.K = supported::kHeadDims[c.coin() ? 1 : 0];
+  p.V = supported::kHeadDims[c.coin() ? 1 : 0];
   static constexpr DType kIo[] = {DType::bf16, DType::f16, DType::f32};
   p.io_dtype = c.element(kIo);
   p.raw_gate = needs.raw_gate.value_or(c.pick(0, 2) != 2);

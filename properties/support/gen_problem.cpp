@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "kdaguard/contracts/supported.h"
+
 namespace kdaguard::support {
 namespace {
 
@@ -36,8 +38,8 @@ std::vector<std::int64_t> distinct_slots(std::int64_t count, std::int64_t n) {
 // Dtypes, gate and beta forms, scalars and layout knobs: everything but rows and slots.
 void draw_common(ProblemSpec& s, Entry entry, const GenLimits& limits) {
   s.entry = entry;
-  s.K = pick_from(std::array{64, 128});
-  s.V = pick_from(std::array{64, 128});
+  s.K = pick_from(supported::kHeadDims);
+  s.V = pick_from(supported::kHeadDims);
   s.H = pick_from(std::array{1, 2});
   const int group = pick_from(std::array{1, 2, 4});
   if (s.H * group > 4) s.H = 1;  // keep HV <= 4: property cases stay cheap

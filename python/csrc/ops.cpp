@@ -514,7 +514,8 @@ struct GuardedLaunch {
 }
 #endif
 
-int64_t leading(const OptionalView& view) { return view && view->rank >= 1 ? view->shape[0] : 0; }
+// Used by the CUDA entry points only: unused in a CPU-only build.
+[[maybe_unused]] int64_t leading(const OptionalView& view) { return view && view->rank >= 1 ? view->shape[0] : 0; }
 
 // ---- decode ----
 DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -879,7 +880,8 @@ Entry entry_named(const std::string& name) {
       "kdaguard: unknown entry point '{}'; expected decode, prefill, verify or commit", name));
 }
 
-DType io_dtype_named(ScalarType t, std::string_view what) {
+// Used by the CUDA entry points only: unused in a CPU-only build.
+[[maybe_unused]] DType io_dtype_named(ScalarType t, std::string_view what) {
   const std::optional<DType> d = dtype_of(t);
   if (!d) throw std::invalid_argument(fmt::format("kdaguard: {} has no kdaguard dtype", what));
   return *d;

@@ -223,9 +223,15 @@ void expect_sound_outcome(const std::string& input) {
     ASSERT_EQ(verdict["accepted"].get<bool>(), verdict["violations"].empty()) << line;
     any_rejected = any_rejected || !verdict["accepted"].get<bool>();
   }
-  if (outcome.exit_code == 0) ASSERT_FALSE(any_rejected);
-  if (outcome.exit_code == 1) ASSERT_TRUE(any_rejected);
-  if (outcome.exit_code != 2) ASSERT_FALSE(outcome.out.empty());
+  if (outcome.exit_code == 0) {
+    ASSERT_FALSE(any_rejected);
+  }
+  if (outcome.exit_code == 1) {
+    ASSERT_TRUE(any_rejected);
+  }
+  if (outcome.exit_code != 2) {
+    ASSERT_FALSE(outcome.out.empty());
+  }
 }
 
 TEST(CheckRobustness, RandomBytes) {

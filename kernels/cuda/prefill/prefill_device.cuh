@@ -48,7 +48,7 @@ __device__ __forceinline__ std::uint64_t sequence_faults(const PrefillParams& p,
 __device__ __forceinline__ Sequence resolve_sequence(const PrefillParams& p, std::int32_t n,
                                                      const GuardState& guard, bool report) {
   Sequence s;
-  if (const std::uint64_t faults = sequence_faults(p, n); faults != 0) {
+  if (const std::uint64_t faults = sequence_faults(p, n) & guard.enabled; faults != 0) {
     if (report) detail::raise(guard.error_word, faults);
     return s;
   }

@@ -5,15 +5,10 @@
 
 namespace kdaguard::gpu::detail {
 
-cudaError_t launch_prefill_guard(const PrefillParams& p, const GuardExtras& /*extras*/,
+cudaError_t launch_prefill_guard(const PrefillParams& p, std::uint64_t enabled,
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream) {
-  GuardInputs<rr::PrefillRows<DeviceIndex>> in;
-  in.rows = prefill_rows(p);
-  in.slots = in.rows.state_indices;
-  in.num_slots = p.state.num_slots;
-  in.enabled = enabled_rules();
-  return launch_guard(in, error_word, row_flags, stream);
+  return launch_guard(prefill_rows(p), enabled, error_word, row_flags, stream);
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -2,27 +2,26 @@
 #include "prefill_launch.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "kdaguard/contracts/supported.h"
 #include "prefill_workspace.cuh"
 
 namespace kdaguard::gpu::detail {
 
 std::string prefill_unsupported_reason(const PrefillParams& p) {
-  const auto head_dim_ok = [](std::int32_t d) { return d == 64 || d == 128; };
-  if (!head_dim_ok(p.in.K) || !head_dim_ok(p.in.V))
+  if (!supported::head_dim(p.in.K) || !supported::head_dim(p.in.V))
     return "prefill kernels exist for K and V in {64, 128}; got K = " + std::to_string(p.in.K) +
            ", V = " + std::to_string(p.in.V);
   if (p.in.H <= 0 || p.in.HV <= 0 || p.in.HV % p.in.H != 0)
     return "HV must be a positive multiple of H; got H = " + std::to_string(p.in.H) +
            ", HV = " + std::to_string(p.in.HV);
-  if (p.state.dtype != DType::f32 && p.state.dtype != DType::bf16)
-    return "prefill state must be f32 or bf16";
-  if (p.in.io_dtype != DType::bf16 && p.in.io_dtype != DType::f16 && p.in.io_dtype != DType::f32)
-    return "prefill inputs must be bf16, f16 or f32";
+  if (!supported::state_dtype(p.state.dtype)) return "prefill state must be f32 or bf16";
+  if (!supported::io_dtype(p.in.io_dtype)) return "prefill inputs must be bf16, f16 or f32";
   if (p.cu_seqlens_dtype != DType::i32 && p.cu_seqlens_dtype != DType::i64)
     return "cu_seqlens must be i32 or i64";
   return {};
@@ -32,10 +31,11 @@ std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
   if (p.in.io_dtype == DType::f32 || p.total_tokens <= 0 || p.num_seqs <= 0 || p.in.HV <= 0)
     return 0;  // the f32 kernel keeps everything in registers; an empty call launches nothing
   std::int64_t chunk_bytes = 0;
-  if (p.in.K == 64) chunk_bytes = p.in.V == 64 ? prefill::ChunkOperands<64, 64>::kBytes
-                                               : prefill::ChunkOperands<64, 128>::kBytes;
-  else chunk_bytes = p.in.V == 64 ? prefill::ChunkOperands<128, 64>::kBytes
-                                  : prefill::ChunkOperands<128, 128>::kBytes;
+  if (p.in.K == 64 && p.in.V == 64) chunk_bytes = prefill::ChunkOperands<64, 64>::kBytes;
+  else if (p.in.K == 64 && p.in.V == 128) chunk_bytes = prefill::ChunkOperands<64, 128>::kBytes;
+  else if (p.in.K == 128 && p.in.V == 64) chunk_bytes = prefill::ChunkOperands<128, 64>::kBytes;
+  else if (p.in.K == 128 && p.in.V == 128) chunk_bytes = prefill::ChunkOperands<128, 128>::kBytes;
+  else return -1;
   std::int64_t bytes = 0;
   if (__builtin_mul_overflow(prefill::workspace_slots(p.total_tokens, p.num_seqs),
                              static_cast<std::int64_t>(p.in.HV) * chunk_bytes, &bytes))
@@ -144,12 +144,13 @@ cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_
 cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
                                      std::int32_t chunks_per_span) {
   if (!prefill_unsupported_reason(p).empty() || chunks_per_span < kChooseSpan) return cudaErrorInvalidValue;
-  if (p.in.K == 64) {
-    return p.in.V == 64 ? launch_prefill_shape<64, 64>(p, guard, stream, chunks_per_span)
-                        : launch_prefill_shape<64, 128>(p, guard, stream, chunks_per_span);
-  }
-  return p.in.V == 64 ? launch_prefill_shape<128, 64>(p, guard, stream, chunks_per_span)
-                      : launch_prefill_shape<128, 128>(p, guard, stream, chunks_per_span);
+  // One instantiation per (K, V) of supported::kHeadDims (prefill_k*_v*.cu).
+  static_assert(supported::kHeadDims == std::array<std::int32_t, 2>{64, 128});
+  if (p.in.K == 64 && p.in.V == 64) return launch_prefill_shape<64, 64>(p, guard, stream, chunks_per_span);
+  if (p.in.K == 64 && p.in.V == 128) return launch_prefill_shape<64, 128>(p, guard, stream, chunks_per_span);
+  if (p.in.K == 128 && p.in.V == 64) return launch_prefill_shape<128, 64>(p, guard, stream, chunks_per_span);
+  if (p.in.K == 128 && p.in.V == 128) return launch_prefill_shape<128, 128>(p, guard, stream, chunks_per_span);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -28,7 +28,7 @@
 #include <string>
 
 #include "kdaguard/params.h"
-#include "../src/launch.h"  // relative: the benchmark includes this header from outside the library
+#include "../src/launch.h"  // GuardState: src/ is the sibling folder of the decode/verify/commit kernels
 
 namespace kdaguard::gpu::detail {
 
@@ -67,9 +67,9 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
-// per sequence on the device; row_flags[n] != 0 makes the kernels skip sequence n. The signature
-// matches the other guards' so the entry point can treat them alike (extras are unused).
-cudaError_t launch_prefill_guard(const PrefillParams& p, const GuardExtras& extras,
+// per sequence on the device, the rules in `enabled` only; row_flags[n] != 0 makes the kernels
+// skip sequence n.
+cudaError_t launch_prefill_guard(const PrefillParams& p, std::uint64_t enabled,
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream);
 

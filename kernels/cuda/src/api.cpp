@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kdaguard/contracts/supported.h"
 #include "kdaguard/lower.h"
 #include "launch.h"
 #include "prefill_launch.h"
@@ -52,41 +53,52 @@ template <class Call> Status admit(const Call& call, Verdict& verdict) {
   return device_ready(call.device);
 }
 
-const std::int32_t* i32_data(const OptionalView& view) {
-  return view ? reinterpret_cast<const std::int32_t*>(*view->data_address()) : nullptr;
-}
-
-// Value rules the host could not check run on the device; that needs the caller's guard.
-Status guard_ready(const Verdict& verdict, const DeviceGuard& guard, std::int64_t rows) {
+// Value rules the host could not check run on the device; that needs the caller's guard: an
+// error word, and for verify and prefill (whose guard kernel hands its verdicts to the kernels
+// after it) one row flag per row. flagged_rows: 0 for the entry points whose kernels judge their
+// own rows.
+Status guard_ready(const Verdict& verdict, const DeviceGuard& guard, std::int64_t flagged_rows) {
   if (verdict.deferred.empty()) return Status::success();
-  if (guard.error_word != nullptr && guard.row_flags != nullptr &&
-      guard.row_flags_capacity >= rows)
+  if (guard.error_word != nullptr &&
+      (flagged_rows == 0 || (guard.row_flags != nullptr && guard.row_flags_capacity >= flagged_rows)))
     return Status::success();
   std::string checks;
   for (const DeferredCheck& d : verdict.deferred)
     checks += fmt::format("{}{} ({})", checks.empty() ? "" : ", ", rule_id(d.rule), d.argument);
+  if (flagged_rows == 0)
+    return Status::unsupported_because(fmt::format(
+        "value rules {} must be checked on the device: pass host copies of those index values, "
+        "or a DeviceGuard with an error word",
+        checks));
   return Status::unsupported_because(fmt::format(
       "value rules {} must be checked on the device: pass host copies of those index values, or "
       "a DeviceGuard with an error word and row_flags for {} rows (capacity given: {})",
-      checks, rows, guard.row_flags_capacity));
+      checks, flagged_rows, guard.row_flags_capacity));
 }
 
 // ---- which (entry, K, V, io dtype, state dtype) are prepared on which device ----
 // One bit per device in a word per combination; only dims and dtypes the kernels run have a word.
 constexpr int kPreparedDevices = 64;
-constexpr int kPreparedKeys = kEntryCount * 2 * 2 * 3 * 2;
+constexpr int kHeadDimCount = static_cast<int>(supported::kHeadDims.size());
+constexpr int kPreparedKeys = kEntryCount * kHeadDimCount * kHeadDimCount *
+                              static_cast<int>(supported::kIoDTypes.size()) *
+                              static_cast<int>(supported::kStateDTypes.size());
 std::array<std::atomic<std::uint64_t>, kPreparedKeys> prepared_devices{};
 
 // The word of a combination, or -1 for one no kernel runs. Commit has no q/k/v: its io dtype is
 // ignored (taken as the state's).
 int prepared_key(Entry entry, std::int32_t K, std::int32_t V, DType io, DType state) {
-  if ((K != 64 && K != 128) || (V != 64 && V != 128)) return -1;
-  if (state != DType::f32 && state != DType::bf16) return -1;
   if (entry == Entry::commit) io = state;
-  const int io_index = io == DType::f32 ? 0 : io == DType::f16 ? 1 : io == DType::bf16 ? 2 : -1;
-  if (io_index < 0) return -1;
-  return (((static_cast<int>(entry) * 2 + (K == 128)) * 2 + (V == 128)) * 3 + io_index) * 2 +
-         (state == DType::bf16);
+  const int k = supported::index_in(supported::kHeadDims, K);
+  const int v = supported::index_in(supported::kHeadDims, V);
+  const int io_index = supported::index_in(supported::kIoDTypes, io);
+  const int state_index = supported::index_in(supported::kStateDTypes, state);
+  if (k < 0 || v < 0 || io_index < 0 || state_index < 0) return -1;
+  return ((((static_cast<int>(entry) * kHeadDimCount + k) * kHeadDimCount + v) *
+               static_cast<int>(supported::kIoDTypes.size()) +
+           io_index) *
+              static_cast<int>(supported::kStateDTypes.size()) +
+          state_index);
 }
 
 struct PreparedKey {
@@ -124,21 +136,19 @@ Status capture_ready(Entry entry, const PreparedKey& key, const TokenInputs* in,
       dtype_name(in ? in->io_dtype : state), dtype_name(state), key.device));
 }
 
-detail::GuardState guard_state(const Verdict& verdict, const DeviceGuard& guard) {
-  return {guard.error_word, verdict.deferred.empty() ? nullptr : guard.row_flags};
-}
-
-// Runs the guard (when values are deferred) and the main kernel on the caller's stream.
-template <class Params, class GuardLaunch, class MainLaunch>
-Status launch(const Verdict& verdict, const DeviceGuard& guard, const Params& params,
-              const detail::GuardExtras& extras, GuardLaunch&& run_guard, MainLaunch&& run_main,
-              cudaStream_t stream) {
-  if (!verdict.deferred.empty()) {
-    if (const cudaError_t e = run_guard(params, extras, guard.error_word, guard.row_flags, stream);
+// Decode and commit: the kernels judge their own rows (their prologues), every value rule when
+// some were deferred; only a call without rows needs the guard kernel, for its single offset.
+template <class Params, class MainLaunch>
+Status launch_self_judged(const Verdict& verdict, const DeviceGuard& guard, const Params& params,
+                          std::int64_t rows, MainLaunch&& run_main, cudaStream_t stream) {
+  const detail::GuardState state{guard.error_word, nullptr, !verdict.deferred.empty(),
+                                 enabled_device_rules()};
+  if (state.judge_values && rows == 0) {
+    if (const cudaError_t e = detail::launch_empty_call_guard(params, state, stream);
         e != cudaSuccess)
       return cuda_failure("guard kernel launch", e);
   }
-  if (const cudaError_t e = run_main(params, guard_state(verdict, guard), stream); e != cudaSuccess)
+  if (const cudaError_t e = run_main(params, state, stream); e != cudaSuccess)
     return cuda_failure("kernel launch", e);
   return Status::success();
 }
@@ -169,7 +179,7 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
   Verdict verdict;
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const DecodeParams params = lower(call);
-  if (Status s = guard_ready(verdict, options.guard, params.batch); !s.ok()) return s;
+  if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
   const PreparedKey key{prepared_key(Entry::decode, params.in.K, params.in.V, params.in.io_dtype,
                                      params.state.dtype),
                         call.device.index};
@@ -178,10 +188,8 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
                                params.in.V, options.stream, capturing);
       !s.ok())
     return s;
-  detail::GuardExtras extras;
-  extras.cu_seqlens = i32_data(call.cu_seqlens);
-  Status launched = launch(
-      verdict, options.guard, params, extras, detail::launch_decode_guard,
+  Status launched = launch_self_judged(
+      verdict, options.guard, params, params.batch,
       [&](const DecodeParams& p, detail::GuardState g, cudaStream_t s) {
         return detail::launch_decode(p, g, options.chunks_per_block, s);
       },
@@ -218,8 +226,21 @@ Status prefill(const PrefillCall& call, const LaunchOptions& options) {
                                params.in.V, options.stream, capturing);
       !s.ok())
     return s;
-  Status launched = launch(verdict, options.guard, params, detail::GuardExtras{},
-                           detail::launch_prefill_guard, detail::launch_prefill, options.stream);
+  // The guard kernel's verdicts go to the chain of kernels through row_flags.
+  const bool deferred = !verdict.deferred.empty();
+  const detail::GuardState state{options.guard.error_word,
+                                 deferred ? options.guard.row_flags : nullptr, false,
+                                 enabled_device_rules()};
+  if (deferred) {
+    if (const cudaError_t e =
+            detail::launch_prefill_guard(params, state.enabled, options.guard.error_word,
+                                         options.guard.row_flags, options.stream);
+        e != cudaSuccess)
+      return cuda_failure("guard kernel launch", e);
+  }
+  Status launched = Status::success();
+  if (const cudaError_t e = detail::launch_prefill(params, state, options.stream); e != cudaSuccess)
+    launched = cuda_failure("kernel launch", e);
   if (launched.ok() && !capturing && params.num_seqs > 0 && params.total_tokens > 0) key.mark();
   return launched;
 }
@@ -237,14 +258,23 @@ Status verify(const VerifyCall& call, const LaunchOptions& options) {
                                params.in.V, options.stream, capturing);
       !s.ok())
     return s;
-  detail::GuardExtras extras;
-  extras.scratch_row_map = i32_data(call.scratch_row_map);
-  Status launched = launch(
-      verdict, options.guard, params, extras, detail::launch_verify_guard,
-      [&](const VerifyParams& p, detail::GuardState g, cudaStream_t s) {
-        return detail::launch_verify(p, g, options.chunks_per_block, s);
-      },
-      options.stream);
+  // The guard kernel's verdicts go to the verify kernel through row_flags.
+  const bool deferred = !verdict.deferred.empty();
+  const detail::GuardState state{options.guard.error_word,
+                                 deferred ? options.guard.row_flags : nullptr, false,
+                                 enabled_device_rules()};
+  if (deferred) {
+    if (const cudaError_t e =
+            detail::launch_verify_guard(params, state.enabled, options.guard.error_word,
+                                        options.guard.row_flags, options.stream);
+        e != cudaSuccess)
+      return cuda_failure("guard kernel launch", e);
+  }
+  Status launched = Status::success();
+  if (const cudaError_t e =
+          detail::launch_verify(params, state, options.chunks_per_block, options.stream);
+      e != cudaSuccess)
+    launched = cuda_failure("kernel launch", e);
   if (launched.ok() && !capturing && params.rows > 0) key.mark();
   return launched;
 }
@@ -253,7 +283,7 @@ Status commit(const CommitCall& call, const LaunchOptions& options) {
   Verdict verdict;
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const CommitParams params = lower(call);
-  if (Status s = guard_ready(verdict, options.guard, params.rows); !s.ok()) return s;
+  if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
   const PreparedKey key{
       prepared_key(Entry::commit, params.K, params.V, params.state.dtype, params.state.dtype),
       call.device.index};
@@ -262,11 +292,8 @@ Status commit(const CommitCall& call, const LaunchOptions& options) {
                                options.stream, capturing);
       !s.ok())
     return s;
-  detail::GuardExtras extras;
-  extras.cu_seqlens = i32_data(call.cu_seqlens);
-  extras.scratch_row_map = i32_data(call.scratch_row_map);
-  Status launched = launch(verdict, options.guard, params, extras, detail::launch_commit_guard,
-                           detail::launch_commit, options.stream);
+  Status launched = launch_self_judged(verdict, options.guard, params, params.rows,
+                                      detail::launch_commit, options.stream);
   if (launched.ok() && !capturing && params.rows > 0) key.mark();
   return launched;
 }

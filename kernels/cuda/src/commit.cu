@@ -21,21 +21,23 @@ __global__ void __launch_bounds__(kCopyThreads)
   const std::int64_t chunk = blockIdx.x % blocks_per_row;
   const bool reporter = chunk == 0 && threadIdx.x == 0;
 
-  const std::int64_t slot = p.cache_indices[n];
-  const std::int64_t accepted = p.accepted[n];
-  const std::uint64_t faults =
-      rr::row_faults<rr::kCommitMemoryRules>(commit_rows(p, GuardExtras{}), n);
+  // The prologue: the block's verdict on its row (row_checks.cuh), before any access it guards.
+  const std::uint64_t faults = row_verdict<BlockGroup>(p, guard, n);
   if (faults != 0) {
     if (reporter) raise(guard.error_word, faults);
     return;
   }
-  if (guard.row_flags != nullptr && guard.row_flags[n] != 0) return;
+  const std::int64_t slot = p.cache_indices[n];
+  const std::int64_t accepted = p.accepted[n];
   if (!vc::is_active(slot) || accepted == 0) return;
 
   const std::int64_t source = scratch_slot(p.source, n, static_cast<std::int32_t>(accepted - 1));
+  // Unreachable while the prologue's rules are in force (they bound every scratch entry and
+  // accepted count); kept so a row-function bug cannot become an out-of-bounds copy.
   if (!vc::slot_in_range(source, p.source.scratch.num_slots, false)) {
     if (reporter)
-      raise(guard.error_word, bit(source == -1 ? RuleId::commit_accepted : RuleId::index_range));
+      raise(guard.error_word,
+            bit(source == -1 ? RuleId::commit_accepted : RuleId::index_range) & guard.enabled);
     return;
   }
   const std::int64_t element = p.state.dtype == DType::bf16 ? 2 : 4;  // the pool dtypes

@@ -26,6 +26,7 @@
 #include "kernel_residency.h"
 #include "launch.h"
 #include "recurrent.cuh"
+#include "row_checks.cuh"
 #include "warp_rows.cuh"
 
 namespace kdaguard::gpu::detail {
@@ -38,14 +39,14 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 // this size: the grid is then larger than resident and the block scheduler hands blocks to SMs as
 // they free up. Equal static shares of the whole call finish unevenly across SMs; shorter shares
 // balance better until the ring's fill at each block's start weighs more. Measured on the H200,
-// f32 state, B = 64 / 128 / 256 / 512, % of the copy ceiling (session 10, bench/NOTES.md):
+// f32 state, B = 64 / 128 / 256 / 512, % of the copy ceiling (the v7 measurements, bench/NOTES.md):
 // 8 chunks 83.1 / 87.9 / 91.4 / 92.9, 16 chunks 82.6 / 86.5 / 89.8 / 91.6, 32 chunks 78.2 / 83.5
 // / 85.9 / 87.9.
 constexpr int kChunksPerWarp = 8;
 
 // Chunk buffers per warp: kStages - 1 chunks (8 KB) in flight while one is computed. Five fit
 // four blocks per SM when q, k and v are 16-bit (f32 inputs fit three). Measured against five
-// (session 10): four stages 0.4 to 1.0 points slower at B >= 64; six at three blocks per SM 0.7
+// (v7, bench/NOTES.md): four stages 0.4 to 1.0 points slower at B >= 64; six at three blocks per SM 0.7
 // points faster for f32 state at B >= 256 but slower below (B = 8: 55.5 against 62.4% of copy).
 constexpr int kStages = 5;
 constexpr int kMinBlocksPerSm = 4;
@@ -89,21 +90,24 @@ struct ChunkCursor {
 };
 
 // What a warp must know of row n before touching its state; each cursor looks a row up once.
+// The verdict is the warp's own (row_checks.cuh's row_verdict, a warp-wide scan for
+// index.unique): a guarded call needs no guard kernel before this one.
 struct RowStatus {
   std::int32_t n = -1;
   std::int64_t slot = -1;
   std::uint64_t faults = 0;  // rules the row breaks: reported once, the row is skipped
-  bool skip = true;          // faulty or flagged by the guard: nothing is written
+  bool skip = true;          // faulty: nothing is written
   bool active = false;       // not skipped and not padding: the state is read and written
 };
 
+// Warp-uniform: every lane of the warp calls it for the same row.
 __device__ __forceinline__ RowStatus decode_row(const DecodeParams& p, const GuardState& guard,
                                                 std::int32_t n) {
   RowStatus r;
   r.n = n;
   r.slot = p.cache_indices[n];
-  r.faults = rr::row_faults<rr::kDecodeMemoryRules>(decode_rows(p, GuardExtras{}), n);
-  r.skip = r.faults != 0 || (guard.row_flags != nullptr && guard.row_flags[n] != 0);
+  r.faults = row_verdict<WarpGroup>(p, guard, n);
+  r.skip = r.faults != 0;
   r.active = !r.skip && vc::is_active(r.slot);
   return r;
 }

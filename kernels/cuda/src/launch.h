@@ -10,19 +10,19 @@
 
 namespace kdaguard::gpu::detail {
 
-// What the kernels need of the device guard. Both pointers may be null: error_word null means
-// faults found on the device are not reported (the faulty rows are still skipped); row_flags
-// null means the guard kernel did not run (the host checked every value rule).
+// What the kernels need of the device guard. error_word null means faults found on the device
+// are not reported (the faulty rows are still skipped).
+//
+// Every kernel judges the memory-safety subset of the rules (row_rules::k*MemoryRules) on its
+// rows before their first access. When value rules were deferred to the device, decode and commit
+// judge every value rule of the entry point in the same prologue, index.unique included, with
+// row_rules.h's row function (judge_values); verify and prefill read the verdicts of a guard
+// kernel that ran first instead (row_flags).
 struct GuardState {
   unsigned long long* error_word = nullptr;
-  const std::int32_t* row_flags = nullptr;  // [rows]; non-zero = skip the row
-};
-
-// Index tensors the params structs leave out because lowering proved them on the host; the
-// guard kernel re-checks them on the device when their values were not on the host.
-struct GuardExtras {
-  const std::int32_t* cu_seqlens = nullptr;       // decode (optional), commit (optional)
-  const std::int32_t* scratch_row_map = nullptr;  // verify, commit (used without scratch_indices)
+  const std::int32_t* row_flags = nullptr;  // verify, prefill: [rows], non-zero = skip; null: none
+  bool judge_values = false;                // decode, commit: every value rule, in the prologue
+  std::uint64_t enabled = ~std::uint64_t{0};  // rules in force (enabled_device_rules())
 };
 
 // Verify: chunks of state rows each block walks (RowTile::kChunkRows rows each; the loads of the
@@ -43,15 +43,15 @@ cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int chunks_pe
                           cudaStream_t stream);
 cudaError_t launch_commit(const CommitParams& p, GuardState guard, cudaStream_t stream);
 
-// Guard kernels: evaluate every value rule of the entry point on the device, write row_flags
-// (one int32 per row) and OR the fired rules' bits into error_word.
-cudaError_t launch_decode_guard(const DecodeParams& p, const GuardExtras& extras,
-                                unsigned long long* error_word, std::int32_t* row_flags,
-                                cudaStream_t stream);
-cudaError_t launch_verify_guard(const VerifyParams& p, const GuardExtras& extras,
-                                unsigned long long* error_word, std::int32_t* row_flags,
-                                cudaStream_t stream);
-cudaError_t launch_commit_guard(const CommitParams& p, const GuardExtras& extras,
+// The guard kernel of a decode or commit call without rows: judges its single cu_seqlens offset
+// (row_rules::call_faults), which no row's prologue sees.
+cudaError_t launch_empty_call_guard(const DecodeParams& p, GuardState guard, cudaStream_t stream);
+cudaError_t launch_empty_call_guard(const CommitParams& p, GuardState guard, cudaStream_t stream);
+
+// The guard kernel of verify: every value rule of every row (one block each) into row_flags (one
+// int32 per row, non-zero = the verify kernel skips the row) and the error word; the rules in
+// `enabled` only.
+cudaError_t launch_verify_guard(const VerifyParams& p, std::uint64_t enabled,
                                 unsigned long long* error_word, std::int32_t* row_flags,
                                 cudaStream_t stream);
 

@@ -319,22 +319,23 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   const ChunkRows<ST, K> rows{bc.slice * block_rows, static_cast<int>(threadIdx.x) / Tile::kLanes,
                               static_cast<int>(threadIdx.x) % Tile::kLanes};
 
-  const RowSpan span = verify_row_span(p, bc.n);
-  const std::int64_t slot = p.cache_indices[bc.n];
-  const std::uint64_t faults = span.faults;
+  // The memory-safety rules on the block's row (row_checks.cuh), then the guard kernel's verdict.
+  const std::uint64_t faults = row_verdict(p, guard, bc.n);
   const bool first_block_of_row = bc.hv == 0 && bc.slice == 0;
   if (faults != 0) {
     if (threadIdx.x == 0 && first_block_of_row) raise(guard.error_word, faults);
     return;
   }
   if (guard.row_flags != nullptr && guard.row_flags[bc.n] != 0) return;
-  const int length = static_cast<int>(span.end - span.begin);
+  const std::int64_t slot = p.cache_indices[bc.n];
+  const std::int64_t first_token = p.cu_seqlens[bc.n];  // the row's tokens: judged in range
+  const int length = static_cast<int>(p.cu_seqlens[bc.n + 1] - first_token);
   if (length == 0) return;
   if (!vc::is_active(slot)) {  // padding row: zero outputs, no scratch
     for (int t = 0; t < length; ++t)
       for (int i = threadIdx.x; i < block_rows; i += kRowThreads)
         if (rows.block_row0 + i < V)
-          store_out<IO>(p.out, span.begin + t, bc.hv, rows.block_row0 + i, 0.f);
+          store_out<IO>(p.out, first_token + t, bc.hv, rows.block_row0 + i, 0.f);
     return;
   }
 
@@ -348,12 +349,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     const int steps = min(kVerifyStepBatch, length - t0);
     for (int step = warp; step < steps; step += kRowThreads / 32) {
       const int t = t0 + step;
-      prepare_token<IO, K, kVerifyStepBatch>(p.in, bc.hv, span.begin + t, rows.block_row0,
+      prepare_token<IO, K, kVerifyStepBatch>(p.in, bc.hv, first_token + t, rows.block_row0,
                                              block_rows, lane, step, sm);
       if (lane == 0) {
         std::int64_t dst = scratch_slot(p.target, bc.n, t);
         if (!vc::slot_in_range(dst, p.target.scratch.num_slots, true)) {
-          if (first_block_of_row) raise(guard.error_word, bit(RuleId::index_range));
+          if (first_block_of_row) raise(guard.error_word, bit(RuleId::index_range) & guard.enabled);
           dst = -1;
         }
         sm.dst[step] = dst;
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
 
   // Rows of at most one batch of tokens (the usual draft lengths) prepare it once, before the
   // chunk loop, so no chunk's rows or loads are live across a preparation: with bf16 state that
-  // halved the local-memory (spill) requests and made verify up to 5% faster (session 10).
+  // halved the local-memory (spill) requests and made verify up to 5% faster (the v7 verify, bench/NOTES.md).
   auto process = [&]<bool kOneBatch>(const uint4 (&raw)[4], int chunk) {
     float s[Tile::kRows][16];
 #pragma unroll
@@ -387,7 +388,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
           const int at = rows.row(chunk, r);
           if (at < V) {
             if (dst_head != nullptr) rows.store(dst_head, at, s[r]);
-            if (rows.group_lane == 0) store_out<IO>(p.out, span.begin + t0 + step, bc.hv, at, o);
+            if (rows.group_lane == 0) store_out<IO>(p.out, first_token + t0 + step, bc.hv, at, o);
           }
         }
       }

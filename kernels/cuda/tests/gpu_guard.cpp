@@ -150,17 +150,27 @@ TEST(GpuRefusal, DeferredChecksNeedAGuard) {
   const Status s = run_gpu(d.call, {});
   EXPECT_EQ(s.code, StatusCode::unsupported) << to_string(s);
   EXPECT_NE(s.detail.find("index.range"), std::string::npos) << s.detail;
-  gpu::LaunchOptions small;
-  small.guard = make_guard(arena, 2);  // fewer row flags than rows
-  EXPECT_EQ(run_gpu(d.call, small).code, StatusCode::unsupported);
+  gpu::LaunchOptions no_word;
+  no_word.guard = make_guard(arena, 8);
+  no_word.guard.error_word = nullptr;  // row flags alone report nothing
+  EXPECT_EQ(run_gpu(d.call, no_word).code, StatusCode::unsupported);
   check_cuda(cudaDeviceSynchronize(), "sync");
   download(d.host, d.copy);
   EXPECT_TRUE(d.host.snapshot() == d.before);
+  // Decode judges its rows in its own prologue: an error word is all the guard it needs.
+  gpu::LaunchOptions word_only;
+  word_only.guard = make_guard(arena, 1);
+  word_only.guard.row_flags = nullptr;
+  word_only.guard.row_flags_capacity = 0;
+  EXPECT_TRUE(run_gpu(d.call, word_only).ok());
+  check_cuda(cudaDeviceSynchronize(), "sync");
+  EXPECT_EQ(read_error_word(word_only.guard), 0u);
 }
 
 // ---- the device guard ---------------------------------------------------------------------------
 
-std::int32_t* host_index(HostProblem& p, const OptionalView& view, std::int64_t i) {
+// The host copy of an index tensor of a problem (its view points into host memory).
+std::int32_t* host_index(const OptionalView& view, std::int64_t i) {
   return reinterpret_cast<std::int32_t*>(*view->data_address()) + i;
 }
 
@@ -202,7 +212,7 @@ TEST(GpuGuard, DecodeSlotOutOfRangeSkipsTheRow) {
   DeviceArena arena(std::size_t{64} << 20);
   const ProblemSpec spec = small_spec(Entry::decode, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<DecodeCall>(p.call).cache_indices, 3) = 1 << 20;  // S = 7
+    *host_index(std::get<DecodeCall>(p.call).cache_indices, 3) = 1 << 20;  // S = 7
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::index_range)) << rule_list(r.word);
   EXPECT_TRUE(all_nan(support::read_floats(support::slice_rows(decode_out(r.d.host), 3, 1))));
@@ -216,7 +226,7 @@ TEST(GpuGuard, DecodeRepeatedSlotSkipsBothRows) {
   DeviceArena arena(std::size_t{64} << 20);
   const ProblemSpec spec = small_spec(Entry::decode, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<DecodeCall>(p.call).cache_indices, 4) = 3;  // row 0 has slot 3
+    *host_index(std::get<DecodeCall>(p.call).cache_indices, 4) = 3;  // row 0 has slot 3
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::index_unique)) << rule_list(r.word);
   HostProblem pristine = support::materialize(spec, 20260101);
@@ -233,7 +243,7 @@ TEST(GpuGuard, DecodeCuSeqlensNotOnePerRow) {
   ProblemSpec spec = small_spec(Entry::decode, false);
   spec.decode_cu_seqlens = true;
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<DecodeCall>(p.call).cu_seqlens, 2) = 3;
+    *host_index(std::get<DecodeCall>(p.call).cu_seqlens, 2) = 3;
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::decode_one_token)) << rule_list(r.word);
 }
@@ -244,13 +254,13 @@ TEST(GpuGuard, VerifyBadSeqlensNeverReadPastTheTokens) {
   const ProblemSpec spec = small_spec(Entry::verify, false);
   // cu_seqlens[N] one past T_tot: the last row would read a token that does not exist.
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<VerifyCall>(p.call).cu_seqlens, 4) += 1;
+    *host_index(std::get<VerifyCall>(p.call).cu_seqlens, 4) += 1;
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::seqlens_total)) << rule_list(r.word);
   // An offset below its predecessor: the rows on both sides of it are seqlens.monotone's alone.
   r = run_guarded(spec, arena, [](HostProblem& p) {
     const auto& cu = std::get<VerifyCall>(p.call).cu_seqlens;
-    *host_index(p, cu, 1) = -2;  // row 0 ends before it starts, row 1 starts below 0
+    *host_index(cu, 1) = -2;  // row 0 ends before it starts, row 1 starts below 0
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::seqlens_monotone)) << rule_list(r.word);
   const TensorView& out = *std::get<VerifyCall>(r.d.host.call).out;
@@ -262,7 +272,7 @@ TEST(GpuGuard, VerifyRowMapMustBeIdentity) {
   DeviceArena arena(std::size_t{64} << 20);
   const ProblemSpec spec = small_spec(Entry::verify, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<VerifyCall>(p.call).scratch_row_map, 2) = 0;
+    *host_index(std::get<VerifyCall>(p.call).scratch_row_map, 2) = 0;
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::verify_row_map_identity)) << rule_list(r.word);
   // Row 2 (tokens 6..8) was skipped; row 0 ran.
@@ -279,7 +289,7 @@ TEST(GpuGuard, VerifyScratchIndexOutOfRange) {
   for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>(i) + 3;
   spec.scratch_indices = indices;
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<VerifyCall>(p.call).scratch_indices, 5) = 25;  // S_spec*T_alloc = 25
+    *host_index(std::get<VerifyCall>(p.call).scratch_indices, 5) = 25;  // S_spec*T_alloc = 25
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::index_range)) << rule_list(r.word);
 }
@@ -289,7 +299,7 @@ TEST(GpuGuard, CommitAcceptedPastT) {
   DeviceArena arena(std::size_t{64} << 20);
   const ProblemSpec spec = small_spec(Entry::commit, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
-    *host_index(p, std::get<CommitCall>(p.call).accepted, 3) = 9;
+    *host_index(std::get<CommitCall>(p.call).accepted, 3) = 9;
   });
   EXPECT_EQ(r.word, value_checks::rule_bit(RuleId::commit_accepted)) << rule_list(r.word);
   // Row 3 (slot 4) was skipped: still poisoned. Rows 0 and 2 committed.

@@ -16,12 +16,15 @@
 // per-device pool of the library's and frees it on the stream after its kernels (under capture
 // that becomes the graph's own allocation; the pool keeps what it has handed out).
 //
-// Value rules whose values live only on the device are checked there by a guard kernel that runs
-// before the main kernel on the same stream. It needs a DeviceGuard from the caller: an error
-// word, into which the bit value_checks::rule_bit(rule) of every rule that fired is OR-ed, and one
-// int32 of scratch per row. A row the guard rejects is skipped entirely (no output, no state read
-// or written); the other rows run normally. The kernels also re-check, on their own row, every
-// index they dereference, so no index value can send them outside the buffers.
+// Value rules whose values live only on the device are checked there, with the host validators'
+// own row functions (contracts/row_rules.h): decode and commit judge each row in their kernel's
+// prologue, before its first access (no extra launch); verify and prefill run a guard kernel
+// before their main kernels on the same stream. That needs a DeviceGuard from the caller: an
+// error word, into which the bit value_checks::rule_bit(rule) of every rule that fired is OR-ed,
+// and, for verify and prefill, one int32 of scratch per row. A rejected row is skipped entirely (no
+// output, no state read or written); the other rows run normally. The kernels also re-check, on
+// their own row, every index they dereference, so no index value can send them outside the
+// buffers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,8 +42,8 @@ namespace kdaguard::gpu {
 struct DeviceGuard {
   // Device memory, one 64-bit word; the kernels only OR bits into it (the caller clears it).
   unsigned long long* error_word = nullptr;
-  // Device memory, row_flags_capacity int32 entries; the guard kernel's per-row verdicts. Needs
-  // one entry per row: B for decode, N for verify and commit.
+  // Device memory, row_flags_capacity int32 entries; the guard kernel's per-row verdicts for
+  // verify and prefill, one entry per row (N). Decode and commit do not use it.
   std::int32_t* row_flags = nullptr;
   std::int64_t row_flags_capacity = 0;
 };

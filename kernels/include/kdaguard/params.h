@@ -60,6 +60,9 @@ struct DecodeParams {
   std::int32_t batch = 0;
   StatePool state;
   const std::int32_t* cache_indices = nullptr;  // [B], -1 = padding row
+  // [B+1] or null; the kernels never need it (one token per row), only the device checks of
+  // decode.one_token when its values were not on the host.
+  const std::int32_t* cu_seqlens = nullptr;
   OutputRows out;                                // [B, HV, V]
 };
 
@@ -79,12 +82,14 @@ struct PrefillParams {
 
 // Where verify writes step t of row n: scratch_indices[n * indices_row_stride + t] when
 // scratch_indices is given (-1 = skip), else flat slot n * scratch_steps + t (the row map was
-// proven to be the identity).
+// proven to be the identity, on the host or by the device checks of verify.row_map_identity,
+// the only reader of scratch_row_map).
 struct ScratchTarget {
   StatePool scratch;                 // flattened [S_spec * T_alloc, HV, V, K]
   std::int64_t scratch_steps = 0;    // T_alloc
   const std::int32_t* scratch_indices = nullptr;
   std::int64_t indices_row_stride = 0;
+  const std::int32_t* scratch_row_map = nullptr;  // [>= N]; null when scratch_indices is given
 };
 
 struct VerifyParams {
@@ -107,6 +112,9 @@ struct CommitParams {
   const std::int32_t* cache_indices = nullptr;
   ScratchTarget source;              // same addressing as the verify that filled it
   const std::int32_t* accepted = nullptr;       // [N]
+  // [N+1] or null: the rows' lengths bound their accepted counts (commit.accepted); read only by
+  // the device checks when the values were not on the host.
+  const std::int32_t* cu_seqlens = nullptr;
 };
 
 }  // namespace kdaguard

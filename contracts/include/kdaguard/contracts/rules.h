@@ -73,5 +73,9 @@ std::optional<RuleId> rule_from_id(std::string_view id);
 // from the host validators and from the device's row checks alike. One bit per rule
 // (value_checks::rule_bit).
 std::uint64_t enabled_rules();
+// The rules whose checks are in force on the device (the guard kernel, the kernels' prologues and
+// their memory-safety checks): enabled_rules(), less KDAGUARD_KNOCKOUT_DEVICE_RULE=<rule id> in a
+// knockout build, which removes that rule's device checks only (scripts/knockout_device.sh).
+std::uint64_t enabled_device_rules();
 
 }  // namespace kdaguard

@@ -446,7 +446,9 @@ TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
       SCOPED_TRACE(fmt::format("io {} guard kernel {}", static_cast<int>(io), guard_kernel));
       const HostProblem after = run({4, 9, 2}, guard_kernel, bits, flags);
       EXPECT_EQ(bits, value_checks::rule_bit(RuleId::index_range));
-      if (guard_kernel) EXPECT_EQ(flags, (std::vector<std::int32_t>{0, 1, 0}));
+      if (guard_kernel) {
+        EXPECT_EQ(flags, (std::vector<std::int32_t>{0, 1, 0}));
+      }
       for (std::int64_t slot : {0, 1, 3, 5}) EXPECT_EQ(pool_of(after, slot), pool_of(hp, slot)) << "slot " << slot;
       EXPECT_NE(pool_of(after, 4), pool_of(hp, 4)) << "sequence 0 did not run";
       EXPECT_NE(pool_of(after, 2), pool_of(hp, 2)) << "sequence 2 did not run";
