@@ -377,3 +377,16 @@ def test_sglang_decode_compiles_fullgraph_without_graph_break():
     assert explain.graph_break_count == 0, explain.break_reasons
     got = torch.compile(step, fullgraph=True, backend="aot_eager")(*call)
     assert torch.equal(got, expect) and torch.equal(p["state"], eager_state)
+
+
+def test_readme_decode_example_runs():
+    """The README's Python decode example, run as written (on the CPU here)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("## Python (PyTorch)")[1].split("```python\n")[1].split("```")[0]
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    out, idx = scope["out"], scope["idx"].tolist()
+    assert out.shape == (4, 4, 128) and torch.isfinite(out).all()
+    assert torch.all(out[idx.index(-1)] == 0) and out[0].abs().sum() > 0
