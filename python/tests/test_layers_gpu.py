@@ -28,7 +28,9 @@ def test_sglang_decode_cuda_vs_cpu_and_fla(state_dtype, gate, tol):
     d = _to(p, "cuda")
     before = d["state"].clone()
     word = torch.zeros(1, dtype=torch.int64, device="cuda")
-    out = KdaguardKDAKernel(error_word=word).decode(**_sglang_decode_args(d))
+    args = _sglang_decode_args(d)
+    args["query_start_loc"] = args["query_start_loc"].cuda()  # SGLang's is on the device
+    out = KdaguardKDAKernel(error_word=word).decode(**args)
     ref = ops.decode(**p)  # the CPU op (f64 reference) on the same problem
     torch.cuda.synchronize()
     ops.check_error_word(word)
