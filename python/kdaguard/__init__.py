@@ -118,8 +118,10 @@ def built_with_cuda() -> bool:
 
 from . import _fake  # noqa: E402,F401
 from . import ops  # noqa: E402,F401
+from . import fla, sglang  # noqa: E402,F401  (fla itself is imported only by fla.register)
 
 __all__ = [
     "ContractViolation", "DeviceGuardTripped", "KdaguardError", "LaunchFailed", "Rule",
-    "Unsupported", "Violation", "built_with_cuda", "error_from_text", "ops", "rules",
+    "Unsupported", "Violation", "built_with_cuda", "error_from_text", "fla", "ops", "rules",
+    "sglang",
 ]
