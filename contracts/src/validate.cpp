@@ -889,8 +889,9 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
   }
   if (once(RuleId::verify_row_length))  // verify.row_length
     r.add(RuleId::verify_row_length, "cu_seqlens",
-          fmt::format("verify row {} holds {} tokens; at most T = {}", n, c.cu[n + 1] - c.cu[n],
-                      c.draft_tokens));
+          fmt::format("verify row {} holds {} tokens (cu_seqlens[{}] = {} to cu_seqlens[{}] = {}); "
+                      "at most T = {}",
+                      n, c.cu[n + 1] - c.cu[n], n, c.cu[n], n + 1, c.cu[n + 1], c.draft_tokens));
   if (once(RuleId::verify_row_map_identity))  // verify.row_map_identity
     r.add(RuleId::verify_row_map_identity, "scratch_row_map",
           fmt::format("KDA verify requires an identity intermediate row-map when scratch_indices "
