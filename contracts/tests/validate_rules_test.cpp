@@ -423,5 +423,22 @@ TEST(ValueSemantics, ACallWithoutRowsJudgesItsOffset) {
   EXPECT_TRUE(v.breaks(RuleId::seqlens_total)) << describe(v);
 }
 
+// Without tokens as well (T_tot = 0): the offset 0 is both 0 and T_tot; any other is neither.
+TEST(ValueSemantics, ACallWithoutTokensJudgesItsOffsetAgainstZero) {
+  for (const std::int64_t offset : {0, 3}) {
+    auto c = prefill();
+    Shape s;
+    s.rows = 0;
+    s.V = 128;
+    fill_token_inputs(c, s);
+    c.cu_seqlens = index_view({offset});
+    c.initial_state_indices = index_view({});
+    const Verdict v = validate(c);
+    const auto expected = offset == 0 ? std::set<RuleId>{}
+                                      : std::set<RuleId>{RuleId::seqlens_start, RuleId::seqlens_total};
+    EXPECT_EQ(fired_rules(v), expected) << describe(v);
+  }
+}
+
 }  // namespace
 }  // namespace kdaguard

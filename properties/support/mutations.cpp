@@ -186,17 +186,22 @@ void index_rank_two(GeneratedCall& g, Chooser&) {
 }
 
 // arg.shape
-void out_wrong_size(GeneratedCall& g, Chooser& c) {
-  TensorView& out = present(g, Arg::out);
-  const TensorView before = out;
-  int d = 0;
-  if (c.coin() || out.shape[0] == 0) out.shape[0] += 1;
-  else if (c.coin()) out.shape[0] -= 1;
-  else out.shape[d = 1] += 1;
-  detach_compact(out);
-  expect(g, "out dim {} must be {} = {}; got {} (shape {})", d,
-         d == 1 ? "HV" : g.plan.entry == Entry::decode ? "B" : "T_tot", before.shape[d],
-         out.shape[d], shape_text(out));
+// A dim of out (rows, HV or V) or of k (H or K) off its size; head dims swap 64 and 128, so the
+// rows stay 16-byte aligned.
+void wrong_size(GeneratedCall& g, Chooser& c) {
+  const bool key = c.one_in(3);
+  TensorView& t = present(g, key ? Arg::k : Arg::out);
+  const int d = static_cast<int>(c.pick(key ? 1 : 0, 2));
+  const i64 want = t.shape[d];
+  if (d == 2) t.shape[d] = want == 64 ? 128 : 64;
+  else if (d == 0 && want > 0 && c.coin()) t.shape[d] -= 1;
+  else t.shape[d] += 1;
+  detach_compact(t);
+  static constexpr std::string_view kOutDims[] = {"", "HV", "V"}, kKeyDims[] = {"", "H", "K"};
+  const std::string_view dim = d == 0 ? (g.plan.entry == Entry::decode ? "B" : "T_tot")
+                               : key ? kKeyDims[d] : kOutDims[d];
+  expect(g, "{} dim {} must be {} = {}; got {} (shape {})", key ? "k" : "out", d, dim, want,
+         t.shape[d], shape_text(t));
 }
 void cu_seqlens_too_long(GeneratedCall& g, Chooser&) {
   TensorView& cu = present(g, Arg::cu_seqlens);
@@ -213,6 +218,12 @@ void out_other_dtype(GeneratedCall& g, Chooser&) {
   detach_compact(out);
   expect(g, "out has dtype {}; expected {} (the dtype of q)", dtype_name(out.dtype),
          dtype_name(present(g, Arg::q).dtype));
+}
+void q_integer(GeneratedCall& g, Chooser& c) {
+  TensorView& q = present(g, Arg::q);
+  q.dtype = c.coin() ? DType::i32 : DType::i64;
+  detach_compact(q);
+  expect(g, "q has dtype {}; expected bf16, f16 or f32", dtype_name(q.dtype));
 }
 void index_i64(GeneratedCall& g, Chooser& c) {
   const Arg a = g.plan.entry == Entry::commit && c.coin() ? Arg::accepted : slot_map_arg(g);
@@ -341,7 +352,7 @@ void index_inside_pool(GeneratedCall& g, Chooser&) {
 
 // dims.heads, dims.head_dim
 void heads_not_a_multiple(GeneratedCall& g, Chooser& c) {
-  g.plan.H = g.plan.HV + c.pick(1, 2);
+  g.plan.H = c.one_in(3) ? 0 : g.plan.HV + c.pick(1, 2);
   rebuild(g);
   expect(g, "HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", g.plan.HV, g.plan.H);
 }
@@ -603,11 +614,20 @@ void row_longer_than_draft(GeneratedCall& g, Chooser& c) {
   expect(g, "verify row {} holds {} tokens (cu_seqlens[{}] = {} to cu_seqlens[{}] = {}); at most T = {}",
          r, g.plan.row_lengths[r], r, cu[r], r + 1, cu[r + 1], g.plan.T);
 }
-// A padding row writes no scratch, so its map entry is free: the mutation moves an active row's.
+// A padding row writes no scratch, so its map entry is free: the mutation moves an active row's,
+// up, down (below 0 too) or onto another row's entry (a map that is not a permutation).
 void row_map_not_identity(GeneratedCall& g, Chooser& c) {
   auto& map = values_of(g, Arg::scratch_row_map);
   const i64 r = active_row(g.plan, 0);
-  map[r] += c.pick(1, 3);
+  switch (c.pick(0, 2)) {
+    case 0: map[r] += c.pick(1, 3); break;
+    case 1: map[r] -= c.pick(1, 3); break;
+    default: {  // a padding row's entry may already be r
+      const i64 other = c.pick(0, g.plan.rows() - 2);
+      const i64 copied = g.plan.rows() >= 2 ? map[other < r ? other : other + 1] : r;
+      map[r] = copied != r ? copied : r + 1;
+    }
+  }
   expect(g, "scratch_row_map[{}] = {}, expected {} for a row that is not padding", r, map[r], r);
 }
 void scratch_indices_wrong_form(GeneratedCall& g, Chooser& c) {
@@ -665,10 +685,11 @@ std::vector<Mutation> make_table() {
       {R::arg_exclusive, "give a and g", kDPV, true, PlanNeeds{.raw_gate = true}, both_gate_forms},
       {R::arg_rank, "b/beta with a third dim", kDPV, true, none, beta_rank_three},
       {R::arg_rank, "cache_indices with a second dim", kC, true, none, index_rank_two},
-      {R::arg_shape, "out with a wrong size", kDPV, true, none, out_wrong_size},
+      {R::arg_shape, "out or k with a wrong size", kDPV, true, none, wrong_size},
       {R::arg_shape, "cu_seqlens one entry too long", kC, true, PlanNeeds{.cu_seqlens = true},
        cu_seqlens_too_long},
       {R::arg_dtype, "out in another dtype than q", kDPV, true, none, out_other_dtype},
+      {R::arg_dtype, "q in an integer dtype", kDPV, true, none, q_integer},
       {R::arg_dtype, "an index map in i64", kDPVC, true, none, index_i64},
       {R::arg_device, "one argument on another device", kDPVC, true, none, other_device_argument},
       {R::arg_last_dim_contiguous, "q with last stride 2", kDPV, true, none,
