@@ -3,6 +3,7 @@
 
     scripts/mutation_test.py [options] FILE [FILE ...]
     e.g. scripts/mutation_test.py --sample 400 --seed 7 contracts/src/validate.cpp \\
+             contracts/include/kdaguard/contracts/row_rules.h \\
              contracts/include/kdaguard/contracts/value_checks.h
 
 universalmutator (PyPI, 1.14.1; `pip install universalmutator==1.14.1`) writes every operator-level
