@@ -152,6 +152,31 @@ RC_GTEST_PROP(ContractsEdges, ScratchOverTheState, ()) {
               {"output", "state", "scratch"});
 }
 
+// A view of rank 0 is reported for its rank and still for what else is wrong with it: a storage
+// offset before its allocation.
+RC_GTEST_PROP(ContractsEdges, RankZeroViewIsCheckedForItsExtentToo, ()) {
+  auto g = *gen_any_call();
+  std::vector<Arg> candidates;
+  for (int i = 0; i < kArgCount; ++i)
+    if (has(g, static_cast<Arg>(i))) candidates.push_back(static_cast<Arg>(i));
+  const Arg a = *rc::gen::elementOf(candidates);
+  TensorView& t = view(g, a);
+  t.rank = 0;
+  t.values.reset();
+  t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 64);
+  const Verdict v = validate(g.call);
+  const auto context = [&] { return fmt::format("{}\n{}", describe(v), describe_call(g.call)); };
+  if (v.violations.size() != 2u)
+    RC_FAIL(fmt::format("expected a rank rule and arg.extent on {}:\n{}", arg_name(a), context()));
+  for (const Violation& x : v.violations)
+    if (x.argument != arg_name(a)) RC_FAIL(fmt::format("a violation on another argument:\n{}", context()));
+  const auto extent = std::find_if(v.violations.begin(), v.violations.end(),
+                                   [](const Violation& x) { return x.rule == RuleId::arg_extent; });
+  if (extent == v.violations.end() ||
+      extent->message.find(fmt::format("storage_offset {}", t.storage_offset.count)) == std::string::npos)
+    RC_FAIL(fmt::format("arg.extent missing or without the offset:\n{}", context()));
+}
+
 // Host copies of an index tensor's values with more (or fewer) values than it has elements.
 RC_GTEST_PROP(ContractsEdges, HostValuesOfTheWrongCount, ()) {
   auto g = *gen_any_call(PlanNeeds{.index_values = true});

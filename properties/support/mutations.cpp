@@ -449,8 +449,9 @@ void slot_stride_unaligned(GeneratedCall& g, Chooser& c) {
   TensorView& t = some_pool(g, c, inner);
   const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
   restride_pool(t, inner, HV * VK + 16 * c.pick(0, 2) + c.pick(1, 15), VK);
-  expect(g, "{} slot stride {} elements must be a multiple of 16", pool_name(inner, g),
-         t.stride[inner - 1]);
+  // Seed 003's text, then the pool's own numbers.
+  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} slot stride {} "
+         "elements must be a multiple of 16", pool_name(inner, g), t.stride[inner - 1]);
 }
 void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
   int inner = 1;
@@ -464,8 +465,9 @@ void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
     t.address = kMovedAddress + 16;  // the data address itself off by 16 bytes
     t.storage_offset = Elements{0};
   }
-  expect(g, "{} base byte offset {} (data address {:#x}) must be a multiple of 32",
-         pool_name(inner, g), t.storage_offset.count * es, data_address(t));
+  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} base byte offset {} "
+         "(data address {:#x}) must be a multiple of 32", pool_name(inner, g),
+         t.storage_offset.count * es, data_address(t));
 }
 void slot_stride_too_small(GeneratedCall& g, Chooser& c) {
   int inner = 1;
