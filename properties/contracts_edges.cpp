@@ -254,6 +254,18 @@ RC_GTEST_PROP(ContractsEdges, RowsBeginningBelowZeroAreTheStartAlone, ()) {
   assert_only(g, RuleId::seqlens_start, "cu_seqlens", {fmt::format("got {}", cu[0])});
 }
 
+// A decrease of cu_seqlens in verify or commit: the rows on both sides of the broken offsets are
+// seqlens.monotone's alone, even the one after it that now holds more than T tokens.
+RC_GTEST_PROP(ContractsEdges, RowsBesideADecreaseAreMonotoneOnly, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e, PlanNeeds{.min_rows = 3, .cu_seqlens = true, .index_values = true});
+  std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
+  const auto i = *rc::gen::inRange<std::size_t>(1, cu.size() - 2);  // cu[i] > cu[i + 1]; cu[N] kept
+  cu[i + 1] = cu[i + 2] - g.plan.T - 1;  // row i + 1 holds T + 1 tokens
+  cu[i] = cu[i + 1] + *rc::gen::inRange<std::int64_t>(1, 4);
+  assert_only(g, RuleId::seqlens_monotone, "cu_seqlens", {"cu_seqlens decreases"});
+}
+
 // The end of a view (one past its last byte) must be a 64-bit address: a view ending 16 bytes
 // below 2^64 is accepted, one ending at 2^64 reaches past 64-bit arithmetic.
 RC_GTEST_PROP(ContractsEdges, ViewAtTheTopOfTheAddressSpace, ()) {
