@@ -664,6 +664,18 @@ void accepted_out_of_range(GeneratedCall& g, Chooser& c) {
   expect(g, "accepted[{}] = {} is outside [0, T = {}]", r, acc[r], g.plan.T);
 }
 
+// A row commits a step its explicit scratch indices skip (-1): that step's state was never written.
+void accepted_skipped_step(GeneratedCall& g, Chooser& c) {
+  i64 r = 0;
+  while (r < g.plan.rows() && (g.plan.slot_of_row[r] < 0 || g.plan.row_lengths[r] < 1)) ++r;
+  if (r == g.plan.rows()) throw std::logic_error("mutation: no active row with a token");
+  const i64 t = c.pick(0, std::min(g.plan.T, g.plan.row_lengths[r]) - 1);
+  values_of(g, Arg::scratch_indices)[r * present(g, Arg::scratch_indices).shape[1] + t] = -1;
+  values_of(g, Arg::accepted)[r] = t + 1;
+  expect(g, "accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] is -1 (that step "
+         "was not written)", r, t + 1, t, r, r, t);
+}
+
 // ------------------------------------------------------------------------------------------------
 // The table
 // ------------------------------------------------------------------------------------------------
@@ -768,6 +780,10 @@ std::vector<Mutation> make_table() {
        PlanNeeds{.explicit_scratch_indices = true}, scratch_indices_wrong_form},
       {R::commit_accepted, "accepted outside [0, T]", kC, true, with_values(rows(1)),
        accepted_out_of_range},
+      {R::commit_accepted, "accepted names a skipped scratch step", kC, true,
+       with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = true,
+                             .min_rows_with_tokens = 1}),
+       accepted_skipped_step},
   };
 }
 
