@@ -703,7 +703,6 @@ std::vector<Mutation> make_table() {
       {R::arg_shape, "cu_seqlens one entry too long", kC, true, PlanNeeds{.cu_seqlens = true},
        cu_seqlens_too_long},
       {R::arg_dtype, "out in another dtype than q", kDPV, true, none, out_other_dtype},
-      {R::arg_dtype, "q in an integer dtype", kDPV, true, none, q_integer},
       {R::arg_dtype, "an index map in i64", kDPVC, true, none, index_i64},
       {R::arg_device, "one argument on another device", kDPVC, true, none, other_device_argument},
       {R::arg_last_dim_contiguous, "q with last stride 2", kDPV, true, none,
@@ -780,6 +779,9 @@ std::vector<Mutation> make_table() {
        PlanNeeds{.explicit_scratch_indices = true}, scratch_indices_wrong_form},
       {R::commit_accepted, "accepted outside [0, T]", kC, true, with_values(rows(1)),
        accepted_out_of_range},
+      // Added after the fuzz seed corpus was written: at the end, so its inputs (which name a
+      // mutation by its index) keep their meaning.
+      {R::arg_dtype, "q in an integer dtype", kDPV, true, none, q_integer},
       {R::commit_accepted, "accepted names a skipped scratch step", kC, true,
        with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = true,
                              .min_rows_with_tokens = 1}),
