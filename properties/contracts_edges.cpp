@@ -42,23 +42,31 @@ void assert_only(const GeneratedCall& g, RuleId rule, std::string_view argument,
       RC_FAIL(fmt::format("the message lacks \"{}\":\n{}", text, context()));
 }
 
-// A storage offset before the allocation's start, on any argument but the pools (whose base
-// alignment rule would see the offset too).
+// A storage offset before the allocation's start, on any argument. A pool's base byte offset is
+// then negative too: state.base_align sees it unless it is a multiple of 32 bytes.
 RC_GTEST_PROP(ContractsEdges, NegativeStorageOffsetIsOutsideTheAllocation, ()) {
   auto g = *gen_any_call();
   std::vector<Arg> candidates;
-  for (int i = 0; i < kArgCount; ++i) {
-    const Arg a = static_cast<Arg>(i);
-    if (has(g, a) && a != Arg::state && a != Arg::initial_state && a != Arg::scratch)
-      candidates.push_back(a);
-  }
+  for (int i = 0; i < kArgCount; ++i)
+    if (has(g, static_cast<Arg>(i))) candidates.push_back(static_cast<Arg>(i));
   RC_PRE(!candidates.empty());
   const Arg a = *rc::gen::elementOf(candidates);
   TensorView& t = view(g, a);
   // Whole 16-byte vectors, so the data address keeps its alignment.
   t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 5) * (16 / element_size(t.dtype));
-  assert_only(g, RuleId::arg_extent, arg_name(a),
-              {std::string(arg_name(a)), fmt::format("storage_offset {}", t.storage_offset.count)});
+  const std::int64_t base_bytes = t.storage_offset.count * element_size(t.dtype);
+  const bool pool = a == Arg::state || a == Arg::initial_state || a == Arg::scratch;
+  if (!pool || base_bytes % 32 == 0) {
+    assert_only(g, RuleId::arg_extent, arg_name(a),
+                {std::string(arg_name(a)), fmt::format("storage_offset {}", t.storage_offset.count)});
+    return;
+  }
+  const Verdict v = validate(g.call);
+  RC_ASSERT(v.violations.size() == 2u);
+  RC_ASSERT(v.violations[0].rule == RuleId::arg_extent);
+  RC_ASSERT(v.violations[1].rule == RuleId::state_base_align);
+  RC_ASSERT(v.violations[1].message.find(fmt::format("base byte offset {}", base_bytes)) !=
+            std::string::npos);
 }
 
 // Scratch rows that do not flatten into steps: stride[0] below T_alloc * stride[1] (rows overlap,
@@ -144,6 +152,31 @@ RC_GTEST_PROP(ContractsEdges, ScratchOverTheState, ()) {
               {"output", "state", "scratch"});
 }
 
+// A view of rank 0 is reported for its rank and still for what else is wrong with it: a storage
+// offset before its allocation.
+RC_GTEST_PROP(ContractsEdges, RankZeroViewIsCheckedForItsExtentToo, ()) {
+  auto g = *gen_any_call();
+  std::vector<Arg> candidates;
+  for (int i = 0; i < kArgCount; ++i)
+    if (has(g, static_cast<Arg>(i))) candidates.push_back(static_cast<Arg>(i));
+  const Arg a = *rc::gen::elementOf(candidates);
+  TensorView& t = view(g, a);
+  t.rank = 0;
+  t.values.reset();
+  t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 64);
+  const Verdict v = validate(g.call);
+  const auto context = [&] { return fmt::format("{}\n{}", describe(v), describe_call(g.call)); };
+  if (v.violations.size() != 2u)
+    RC_FAIL(fmt::format("expected a rank rule and arg.extent on {}:\n{}", arg_name(a), context()));
+  for (const Violation& x : v.violations)
+    if (x.argument != arg_name(a)) RC_FAIL(fmt::format("a violation on another argument:\n{}", context()));
+  const auto extent = std::find_if(v.violations.begin(), v.violations.end(),
+                                   [](const Violation& x) { return x.rule == RuleId::arg_extent; });
+  if (extent == v.violations.end() ||
+      extent->message.find(fmt::format("storage_offset {}", t.storage_offset.count)) == std::string::npos)
+    RC_FAIL(fmt::format("arg.extent missing or without the offset:\n{}", context()));
+}
+
 // Host copies of an index tensor's values with more (or fewer) values than it has elements.
 RC_GTEST_PROP(ContractsEdges, HostValuesOfTheWrongCount, ()) {
   auto g = *gen_any_call(PlanNeeds{.index_values = true});
@@ -203,6 +236,78 @@ RC_GTEST_PROP(ContractsEdges, SlotPastThePool, ()) {
   assert_only(g, RuleId::index_range, arg_name(a),
               {fmt::format("{}[{}] = {} is outside [{}, {})", arg_name(a), i, values[i],
                            e == Entry::prefill ? 0 : -1, S)});
+}
+
+// Offsets below 0 up to some row of verify or commit: every row that begins below 0 is
+// attributed to seqlens.start, so none of them is judged for its length (verify.row_length), even
+// the one that reaches past T from below 0.
+RC_GTEST_PROP(ContractsEdges, RowsBeginningBelowZeroAreTheStartAlone, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e, PlanNeeds{.min_rows = 2, .cu_seqlens = true, .index_values = true});
+  std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
+  const std::int64_t T = g.plan.T;
+  const auto below = *rc::gen::inRange<std::size_t>(1, cu.size() - 1);  // cu[0..below) < 0
+  cu[below - 1] = -T - 1;  // row below - 1 ends below 0; row `below` holds more than T tokens
+  for (std::size_t i = below - 1; i-- > 0;) cu[i] = cu[i + 1] - *rc::gen::inRange<std::int64_t>(0, 3);
+  if (e == Entry::commit)
+    for (std::int64_t& accepted : *view(g, Arg::accepted).values) accepted = 0;
+  assert_only(g, RuleId::seqlens_start, "cu_seqlens", {fmt::format("got {}", cu[0])});
+}
+
+// A decrease of cu_seqlens in verify or commit: the rows on both sides of the broken offsets are
+// seqlens.monotone's alone, even the one after it that now holds more than T tokens.
+RC_GTEST_PROP(ContractsEdges, RowsBesideADecreaseAreMonotoneOnly, ()) {
+  const Entry e = *gen_entry(0b1100);
+  auto g = *gen_call(e, PlanNeeds{.min_rows = 3, .cu_seqlens = true, .index_values = true});
+  std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
+  const auto i = *rc::gen::inRange<std::size_t>(1, cu.size() - 2);  // cu[i] > cu[i + 1]; cu[N] kept
+  cu[i + 1] = cu[i + 2] - g.plan.T - 1;  // row i + 1 holds T + 1 tokens
+  cu[i] = cu[i + 1] + *rc::gen::inRange<std::int64_t>(1, 4);
+  assert_only(g, RuleId::seqlens_monotone, "cu_seqlens", {"cu_seqlens decreases"});
+}
+
+// The end of a view (one past its last byte) must be a 64-bit address: a view ending 16 bytes
+// below 2^64 is accepted, one ending at 2^64 reaches past 64-bit arithmetic.
+RC_GTEST_PROP(ContractsEdges, ViewAtTheTopOfTheAddressSpace, ()) {
+  auto g = *gen_call(*gen_entry(0b0111), PlanNeeds{.min_tokens = 1});
+  TensorView& q = view(g, Arg::q);
+  q.storage_offset.count = 0;
+  q.storage_size.reset();
+  std::int64_t step = 1;  // compact: the bytes of q are numel * element size, a multiple of 16
+  for (int d = q.rank - 1; d >= 0; --d) {
+    q.stride[d] = step;
+    step *= q.shape[d];
+  }
+  const auto bytes = static_cast<std::uint64_t>(q.numel() * element_size(q.dtype));
+  const bool past = *rc::gen::arbitrary<bool>();
+  q.address = (past ? 0 : ~std::uint64_t{15}) - bytes;  // modulo 2^64: the end is 2^64 or 2^64 - 16
+  if (!past) {
+    const Verdict v = validate(g.call);
+    if (!v.accepted()) RC_FAIL(fmt::format("refused:\n{}\n{}", describe(v), describe_call(g.call)));
+    return;
+  }
+  assert_only(g, RuleId::arg_extent, "q", {"q reaches past 64-bit arithmetic"});
+}
+
+// Two rows naming the same slot past the pool: index.range for each, and no index.unique (an
+// entry outside the pool takes no part in uniqueness).
+RC_GTEST_PROP(ContractsEdges, TwoRowsPastThePoolAtTheSameSlot, ()) {
+  auto g = *gen_any_call(PlanNeeds{.min_active_rows = 2, .index_values = true});
+  const Arg a = entry_of(g.call) == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
+  const std::int64_t S = view(g, pool_arg(g)).shape[0];
+  std::vector<std::int64_t>& values = *view(g, a).values;
+  std::vector<std::size_t> active;
+  for (std::size_t i = 0; i < values.size() && i < static_cast<std::size_t>(g.plan.rows()); ++i)
+    if (values[i] >= 0) active.push_back(i);
+  RC_PRE(active.size() >= 2u);
+  const std::int64_t slot = S + *rc::gen::inRange<std::int64_t>(0, 2);
+  values[active[0]] = values[active[1]] = slot;
+  const Verdict v = validate(g.call);
+  RC_ASSERT(v.violations.size() == 2u);
+  for (std::size_t k = 0; k < 2; ++k) {
+    RC_ASSERT(v.violations[k].rule == RuleId::index_range);
+    RC_ASSERT(v.violations[k].message.find(fmt::format("[{}] = {}", active[k], slot)) != std::string::npos);
+  }
 }
 
 // A first offset below 0 (prefill: rows have no length limit, so nothing else breaks).

@@ -47,9 +47,7 @@ RC_GTEST_PROP(ContractsMessages, EveryViolationNamesItsArgumentOnce, ()) {
     const std::optional<Arg> arg = arg_from_name(x.argument);
     if (!arg && !is_scalar_name(x.argument))
       RC_FAIL(fmt::format("{} names no argument: \"{}\"\n{}", rule_id(x.rule), x.argument, context()));
-    // Known defect: verify.row_length is reported on cu_seqlens, and its message does not say so
-    // ("verify row 0 holds 4 tokens; at most T = 2"); the exemption goes with validate.cpp's fix.
-    if (x.rule != RuleId::verify_row_length && !names(x.message, x.argument))
+    if (!names(x.message, x.argument))
       RC_FAIL(fmt::format("{}'s message does not name {}:\n{}", rule_id(x.rule), x.argument, context()));
     if (!seen.emplace(x.rule, x.argument, x.message).second)
       RC_FAIL(fmt::format("{} on {} reported twice:\n{}", rule_id(x.rule), x.argument, context()));

@@ -1,12 +1,16 @@
 // Property 2: for every rule of the catalogue, a valid call broken by one of that rule's
 // mutations is rejected with that rule among its violations; a mutation designed to break that
-// rule alone leaves it the only one. One property per rule (generated from rule_list.inc), so a
-// rule whose check goes missing fails a test named after it.
+// rule alone leaves it the only one, and the rule's message says what the mutation did (the
+// argument, the expected and the actual value). One property per rule (generated from
+// rule_list.inc), so a rule whose check goes missing fails a test named after it.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <string>
 
 #include "gen_calls.h"
 #include "kdaguard/contracts/validate.h"
@@ -29,6 +33,18 @@ void mutation_breaks(RuleId rule) {
   if (!verdict.breaks(rule))
     RC_FAIL(fmt::format("mutation \"{}\" on {} is not reported as {}; verdict: {}", m.name,
                         entry_name(e), rule_id(rule), describe(verdict)));
+  // Its message names the argument and the expected and actual values, as the mutation says.
+  RC_ASSERT(!broken.message_texts.empty());
+  const bool said = std::any_of(verdict.violations.begin(), verdict.violations.end(), [&](const Violation& v) {
+    return v.rule == rule && std::all_of(broken.message_texts.begin(), broken.message_texts.end(),
+                                         [&](const std::string& text) {
+                                           return v.message.find(text) != std::string::npos;
+                                         });
+  });
+  if (!said)
+    RC_FAIL(fmt::format("mutation \"{}\" on {}: no {} message says all of \"{}\"; verdict: {}", m.name,
+                        entry_name(e), rule_id(rule), fmt::join(broken.message_texts, "\", \""),
+                        describe(verdict)));
   if (!m.exclusive) return;
   for (const Violation& v : verdict.violations)
     if (v.rule != rule)

@@ -106,7 +106,7 @@ void refused_call_touches_nothing(Entry e) {
   const Mutation& m = *usable[*rc::gen::inRange<std::size_t>(0, usable.size())];
   RC_TAG(rule_id(m.rule));
 
-  GeneratedCall g{*gen_plan(e, m.needs), make_call(e)};
+  GeneratedCall g{*gen_plan(e, m.needs), make_call(e), {}};
   HostProblem problem = materialize(problem_of(g.plan, m.needs), *rc::gen::arbitrary<std::uint64_t>());
   g.call = problem.call;
   const AnyCall valid = g.call;

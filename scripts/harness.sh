@@ -13,7 +13,8 @@
 #     FUZZ_JOBS      targets fuzzed at once (default: as many as there are cores, at most 3)
 #     MUTANTS        mutants of the validators to judge (scripts/mutation_test.py; default 0: none;
 #                    about 10 s each on 2 cores), MUTATION_SEED (default: the clock, a fresh
-#                    sample each run) and MUTATION_FILES (default validate.cpp and value_checks.h)
+#                    sample each run) and MUTATION_FILES (default: where the validators' logic
+#                    lives, validate.cpp, row_rules.h and value_checks.h)
 #
 # Fuzzing writes new inputs to REPORT_DIR/fuzz/<target>/corpus (corpus/<target> is read, never
 # written; scripts/fuzz_continuous.sh merges into it). Exit status 1 when a property fails or a
@@ -106,7 +107,7 @@ mutants=${MUTANTS:-0}
 rm -f "$report_dir/mutation.json" "$report_dir/mutation.md"
 if [ "$mutants" -gt 0 ]; then
   seed=${MUTATION_SEED:-$(date +%s)}
-  read -r -a mutation_files <<<"${MUTATION_FILES:-contracts/src/validate.cpp contracts/include/kdaguard/contracts/value_checks.h}"
+  read -r -a mutation_files <<<"${MUTATION_FILES:-contracts/src/validate.cpp contracts/include/kdaguard/contracts/row_rules.h contracts/include/kdaguard/contracts/value_checks.h}"
   echo "== mutation testing: $mutants mutants of ${mutation_files[*]} (seed $seed)"
   if command -v mutate >/dev/null 2>&1; then
     python3 scripts/mutation_test.py --sample "$mutants" --seed "$seed" --build build-mutation \

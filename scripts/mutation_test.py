@@ -3,6 +3,7 @@
 
     scripts/mutation_test.py [options] FILE [FILE ...]
     e.g. scripts/mutation_test.py --sample 400 --seed 7 contracts/src/validate.cpp \\
+             contracts/include/kdaguard/contracts/row_rules.h \\
              contracts/include/kdaguard/contracts/value_checks.h
 
 universalmutator (PyPI, 1.14.1; `pip install universalmutator==1.14.1`) writes every operator-level
@@ -282,6 +283,9 @@ def main() -> int:
                    help="stop judging after this long and report the mutants judged (0: no limit)")
     p.add_argument("--positions", help="judge only these 1-based positions of the seeded sample "
                    "(as the progress lines number them), e.g. to re-judge survivors: 7,19,28")
+    p.add_argument("--rejudge", metavar="SUMMARY_JSON",
+                   help="judge again the survivors of an earlier run (its --json summary), found by "
+                   "their change in the current files, so edits elsewhere in a file do not lose them")
     p.add_argument("--list", action="store_true", help="print the sample and stop")
     args = p.parse_args()
     work = Path(args.build).resolve()
@@ -296,7 +300,9 @@ def main() -> int:
     shutil.rmtree(work / "mutants", ignore_errors=True)
     everything = generate_mutants(src, args.files, work)
     sample = random.Random(args.seed).sample(everything, min(args.sample, len(everything)))
-    if args.positions:
+    if args.rejudge:
+        sample = survivors_of(args.rejudge, everything)
+    elif args.positions:
         sample = [sample[int(p) - 1] for p in args.positions.split(",")]
     if args.list:
         for m in sample:
@@ -333,6 +339,24 @@ def main() -> int:
           f"{s['equivalent']}, invalid {s['invalid']}: score {100 * s['score']:.1f}% "
           f"(report {args.report})")
     return 0
+
+
+def survivors_of(summary_path: str, everything: list[Mutant]) -> list[Mutant]:
+    """The survived mutants of an earlier summary, each matched to the mutant of the current files
+    with the same change (the nearest line when the change occurs more than once). A survivor whose
+    line no longer exists is reported and left out."""
+    summary = json.loads(Path(summary_path).read_text())
+    found = []
+    for old in summary["mutants"]:
+        if old["outcome"] != "survived":
+            continue
+        same = [m for m in everything if m.file == old["file"] and m.change() == old["change"]]
+        if not same:
+            print(f"mutation_test: {old['file']}:{old['line']} {old['change']}: that line is gone",
+                  flush=True)
+            continue
+        found.append(min(same, key=lambda m: abs(m.line - old["line"])))
+    return found
 
 
 def build_targets(build: Path) -> set[str]:

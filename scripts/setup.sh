@@ -12,9 +12,11 @@ packages=(
   nlohmann-json3-dev libfmt-dev libcli11-dev
 )
 
-# Python packages for kdaguard's PyTorch module and its tests, pinned: torch is the GPU machine's
-# version. A failed install fails the run.
-python_requirements=(torch==2.11.0 pytest==9.2.0 numpy==2.4.6 scikit-build-core==1.1.2)
+# Python packages for kdaguard's PyTorch module and its tests, and universalmutator for the
+# mutation testing of the validators (scripts/mutation_test.py), pinned: torch is the GPU
+# machine's version. A failed install fails the run.
+python_requirements=(torch==2.11.0 pytest==9.2.0 numpy==2.4.6 scikit-build-core==1.1.2
+                     universalmutator==1.14.1)
 install_python_requirements() {
   local absent=()
   for req in "${python_requirements[@]}"; do

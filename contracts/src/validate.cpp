@@ -778,29 +778,34 @@ void check_aliasing(const Context& ctx, Report& r) {
 using row_rules::HostIndex;
 using row_rules::Mask;
 
-// The host copy of an index tensor's values when the tensor is sound, the copy matches it (a
-// mismatched copy is reported) and it holds at least `needed` entries; otherwise not known.
-HostIndex host_index(const Context& ctx, Arg a, i64 needed, Report& r) {
+bool values_match_view(const TensorView& t) {
+  return static_cast<i64>(t.values->size()) == t.numel();
+}
+
+// The host copy of an index tensor's values when the tensor is sound, the copy matches it and it
+// holds at least `needed` entries; otherwise not known.
+HostIndex host_index(const Context& ctx, Arg a, i64 needed) {
   const TensorView* t = ctx.view(a);
-  if (t == nullptr || !ctx.is_sound(a) || !t->values) return {};
-  if (static_cast<i64>(t->values->size()) != t->numel()) {
-    r.add(RuleId::arg_shape, arg_name(a),
-          fmt::format("{} carries {} host values; the view has {} elements", arg_name(a),
-                      t->values->size(), t->numel()));
-    return {};
-  }
+  if (t == nullptr || !ctx.is_sound(a) || !t->values || !values_match_view(*t)) return {};
   if (needed < 0 || static_cast<i64>(t->values->size()) < needed) return {};
   return {t->values->data(), t->rank == 2 ? t->shape[1] : 0, true};
 }
 
-// Every value rule of the entry point that reads `a` is deferred to the device when `a` is given
-// without host values (the rule table's value-inputs column).
-void defer_without_values(const Context& ctx, Arg a, Report& r) {
+// An index tensor the value rules read: without host values, every value rule of the entry point
+// that reads it is deferred to the device (the rule table's value-inputs column); with host values
+// that are not one per element, the copy is reported, whatever else the call gets wrong.
+void check_value_input(const Context& ctx, Arg a, Report& r) {
   const TensorView* t = ctx.view(a);
-  if (t == nullptr || !ctx.is_sound(a) || t->values) return;
-  for (const RuleInfo& rule : rule_catalogue())
-    if (rule.tier == Tier::value && rule.applies_to(ctx.entry) && rule.reads(a))
-      r.defer(rule.rule, arg_name(a));
+  if (t == nullptr || !ctx.is_sound(a)) return;
+  if (!t->values) {
+    for (const RuleInfo& rule : rule_catalogue())
+      if (rule.tier == Tier::value && rule.applies_to(ctx.entry) && rule.reads(a))
+        r.defer(rule.rule, arg_name(a));
+  } else if (!values_match_view(*t)) {
+    r.add(RuleId::arg_shape, arg_name(a),
+          fmt::format("{} carries {} host values; the view has {} elements", arg_name(a),
+                      t->values->size(), t->numel()));
+  }
 }
 
 bool fired(Mask faults, RuleId rule) { return (faults & value_checks::rule_bit(rule)) != 0; }
@@ -889,8 +894,9 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
   }
   if (once(RuleId::verify_row_length))  // verify.row_length
     r.add(RuleId::verify_row_length, "cu_seqlens",
-          fmt::format("verify row {} holds {} tokens; at most T = {}", n, c.cu[n + 1] - c.cu[n],
-                      c.draft_tokens));
+          fmt::format("verify row {} holds {} tokens (cu_seqlens[{}] = {} to cu_seqlens[{}] = {}); "
+                      "at most T = {}",
+                      n, c.cu[n + 1] - c.cu[n], n, c.cu[n], n + 1, c.cu[n + 1], c.draft_tokens));
   if (once(RuleId::verify_row_map_identity))  // verify.row_map_identity
     r.add(RuleId::verify_row_map_identity, "scratch_row_map",
           fmt::format("KDA verify requires an identity intermediate row-map when scratch_indices "
@@ -941,8 +947,8 @@ void check_values(const Context& ctx, Report& r) {
   // The row map is read only without scratch_indices.
   const bool row_map_read = verify_like && !ctx.has(Arg::scratch_indices);
   for (Arg a : {Arg::cu_seqlens, slot_map, Arg::scratch_indices, Arg::accepted})
-    defer_without_values(ctx, a, r);
-  if (row_map_read) defer_without_values(ctx, Arg::scratch_row_map, r);
+    check_value_input(ctx, a, r);
+  if (row_map_read) check_value_input(ctx, Arg::scratch_row_map, r);
 
   const i64 N = d.N.value_or(-1);
   if (N < 0) return;
@@ -955,14 +961,14 @@ void check_values(const Context& ctx, Report& r) {
   c.padding_allowed = e != Entry::prefill;
   c.draft_tokens = T;
   c.total_tokens = e == Entry::commit ? std::nullopt : d.rows;
-  c.cu = host_index(ctx, Arg::cu_seqlens, saturating_add(N, 1), r);
-  c.slots = d.slots ? host_index(ctx, slot_map, N, r) : HostIndex{};
+  c.cu = host_index(ctx, Arg::cu_seqlens, saturating_add(N, 1));
+  c.slots = d.slots ? host_index(ctx, slot_map, N) : HostIndex{};
   if (verify_like) {
     if (d.scratch_rows && d.scratch_steps && T >= 1)
-      c.scratch_indices = host_index(ctx, Arg::scratch_indices, saturating_mul(N, T), r);
+      c.scratch_indices = host_index(ctx, Arg::scratch_indices, saturating_mul(N, T));
     c.scratch_slots = d.scratch_rows && d.scratch_steps
                           ? saturating_mul(*d.scratch_rows, *d.scratch_steps) : 0;
-    if (row_map_read) c.row_map = host_index(ctx, Arg::scratch_row_map, N, r);
+    if (row_map_read) c.row_map = host_index(ctx, Arg::scratch_row_map, N);
   }
   switch (e) {
     case Entry::decode:
@@ -980,7 +986,7 @@ void check_values(const Context& ctx, Report& r) {
       check_unique(c.scratch_indices, saturating_mul(N, T), "scratch_indices", c.scratch_slots, r);
       break;
     case Entry::commit:
-      c.accepted = host_index(ctx, Arg::accepted, N, r);
+      c.accepted = host_index(ctx, Arg::accepted, N);
       judge_rows(row_rules::CommitRows<HostIndex>{N, T, c.num_slots, c.scratch_slots, c.cu,
                                                   c.slots, c.row_map, c.scratch_indices,
                                                   c.accepted},

@@ -423,5 +423,69 @@ TEST(ValueSemantics, ACallWithoutRowsJudgesItsOffset) {
   EXPECT_TRUE(v.breaks(RuleId::seqlens_total)) << describe(v);
 }
 
+// A host copy of an index tensor's values that is not one value per element is reported whatever
+// else is wrong with the call, even where no value rule can then be judged (an unknown row count,
+// an invalid draft token count).
+TEST(ValueSemantics, AHostCopyOfTheWrongCountIsReportedWhateverElseIsWrong) {
+  auto d = decode();
+  d.q.reset();  // B unknown
+  d.cache_indices->values->push_back(0);
+  EXPECT_EQ(fired_rules(validate(d)), (std::set<RuleId>{RuleId::arg_missing, RuleId::arg_shape}));
+  auto v = verify();
+  v.scalars.draft_token_num.reset();
+  v.scratch_row_map.reset();
+  v.scratch_indices = index_view({0, 1, 2, 3, -1, -1, -1, -1, 8, 9, 10, -1});
+  v.scratch_indices->rank = 2;
+  v.scratch_indices->shape[0] = 3;
+  v.scratch_indices->shape[1] = 4;
+  v.scratch_indices->stride[0] = 4;
+  v.scratch_indices->stride[1] = 1;
+  v.scratch_indices->values->pop_back();
+  const Verdict verdict = validate(v);
+  EXPECT_EQ(fired_rules(verdict), (std::set<RuleId>{RuleId::arg_shape, RuleId::verify_draft_tokens}))
+      << describe(verdict);
+}
+
+// Value rules are judged only where what they need is known: no row is judged without the row
+// count, and no scratch index without the scratch whose slots bound it.
+TEST(ValueSemantics, ValueRulesWaitForTheDimensionsTheyNeed) {
+  auto d = decode();
+  d.q.reset();  // B unknown
+  d.cu_seqlens = index_view({1, 2, 3, 4, 5});
+  EXPECT_EQ(fired_rules(validate(d)), (std::set<RuleId>{RuleId::arg_missing}));
+  auto k = commit();
+  k.accepted.reset();  // N unknown
+  k.cu_seqlens = index_view({3, 5, 6, 7});
+  EXPECT_EQ(fired_rules(validate(k)), (std::set<RuleId>{RuleId::arg_missing}));
+  auto v = verify();
+  v.scratch.reset();  // S_spec * T_alloc unknown
+  v.scratch_row_map.reset();
+  v.scratch_indices = index_view({0, 1, 2, 3, -1, -1, -1, -1, 8, 9, 10, -1});
+  v.scratch_indices->rank = 2;
+  v.scratch_indices->shape[0] = 3;
+  v.scratch_indices->shape[1] = 4;
+  v.scratch_indices->stride[0] = 4;
+  v.scratch_indices->stride[1] = 1;
+  const Verdict verdict = validate(v);
+  EXPECT_EQ(fired_rules(verdict), (std::set<RuleId>{RuleId::arg_missing})) << describe(verdict);
+}
+
+// Without tokens as well (T_tot = 0): the offset 0 is both 0 and T_tot; any other is neither.
+TEST(ValueSemantics, ACallWithoutTokensJudgesItsOffsetAgainstZero) {
+  for (const std::int64_t offset : {0, 3}) {
+    auto c = prefill();
+    Shape s;
+    s.rows = 0;
+    s.V = 128;
+    fill_token_inputs(c, s);
+    c.cu_seqlens = index_view({offset});
+    c.initial_state_indices = index_view({});
+    const Verdict v = validate(c);
+    const auto expected = offset == 0 ? std::set<RuleId>{}
+                                      : std::set<RuleId>{RuleId::seqlens_start, RuleId::seqlens_total};
+    EXPECT_EQ(fired_rules(v), expected) << describe(v);
+  }
+}
+
 }  // namespace
 }  // namespace kdaguard

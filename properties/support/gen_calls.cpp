@@ -435,7 +435,7 @@ AnyCall build_call(const CallPlan& p) {
 }
 
 GeneratedCall generate_call(Entry e, const PlanNeeds& needs, Chooser& choose) {
-  GeneratedCall g{draw_plan(e, needs, choose), make_call(e)};
+  GeneratedCall g{draw_plan(e, needs, choose), make_call(e), {}};
   g.call = build_call(g.plan);
   return g;
 }
@@ -454,7 +454,7 @@ rc::Gen<CallPlan> gen_plan(Entry e, PlanNeeds needs) {
 rc::Gen<GeneratedCall> gen_call(Entry e, PlanNeeds needs) {
   return rc::gen::map(gen_plan(e, needs), [](CallPlan plan) {
     AnyCall call = build_call(plan);
-    return GeneratedCall{std::move(plan), std::move(call)};
+    return GeneratedCall{std::move(plan), std::move(call), {}};
   });
 }
 

@@ -145,10 +145,13 @@ struct CallPlan {
 
 std::ostream& operator<<(std::ostream& os, const CallPlan& plan);
 
-// A call together with the plan it was built from (mutations may edit either).
+// A call together with the plan it was built from (mutations may edit either). A mutation also
+// says what the violation of its rule must say: texts naming the argument and the expected and
+// actual values, each of which the message contains.
 struct GeneratedCall {
   CallPlan plan;
   AnyCall call;
+  std::vector<std::string> message_texts;
 };
 
 // Draws a valid plan of entry point `e` meeting `needs`. Cheap: a few dozen choices.

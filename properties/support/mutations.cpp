@@ -1,5 +1,8 @@
 #include "mutations.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -84,6 +87,29 @@ i64 active_row(const CallPlan& p, i64 k) {
   throw std::logic_error("mutation: not enough active rows");
 }
 
+// What the violation of the mutation's rule must say (GeneratedCall::message_texts).
+template <class... Args>
+void expect(GeneratedCall& g, fmt::format_string<Args...> text, Args&&... args) {
+  g.message_texts.push_back(fmt::format(text, std::forward<Args>(args)...));
+}
+std::string shape_text(const TensorView& t) {
+  return fmt::format("({})", fmt::join(std::span(t.shape.data(), static_cast<std::size_t>(t.rank)), ", "));
+}
+std::string stride_text(const TensorView& t) {
+  return fmt::format("({})", fmt::join(std::span(t.stride.data(), static_cast<std::size_t>(t.rank)), ", "));
+}
+// A view's first and one-past-last byte, as alias.overlap quotes them.
+std::string byte_range_text(const TensorView& t) {
+  i64 last = 0;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  const i64 es = element_size(t.dtype);
+  const std::uint64_t begin = t.address + static_cast<std::uint64_t>(t.storage_offset.count * es);
+  return fmt::format("[{:#x}, {:#x})", begin, begin + static_cast<std::uint64_t>((last + 1) * es));
+}
+std::uint64_t data_address(const TensorView& t) {
+  return t.address + static_cast<std::uint64_t>(t.storage_offset.count * element_size(t.dtype));
+}
+
 Device other_device(Device d) {
   if (d.kind == Device::Kind::cpu) return Device{Device::Kind::cuda, 0};
   return Device{Device::Kind::cuda, d.index + 1};
@@ -109,18 +135,25 @@ void drop_required(GeneratedCall& g, Chooser& c) {
       candidates = {Arg::scratch, Arg::state, Arg::cache_indices, Arg::accepted};
       break;
   }
-  slot(g, pick_arg(candidates, c)).reset();
+  const Arg a = pick_arg(candidates, c);
+  slot(g, a).reset();
+  expect(g, "{} {} is required and absent", entry_name(g.plan.entry), arg_name(a));
 }
 void drop_both_gate_forms(GeneratedCall& g, Chooser& c) {
   if (c.coin()) {
     slot(g, Arg::b).reset();
     slot(g, Arg::beta).reset();
+    expect(g, "{} needs b or beta; both are absent", entry_name(g.plan.entry));
   } else {
     // Without a gate, A_log and dt_bias have nothing to apply to; they go too.
     for (Arg a : {Arg::a, Arg::g, Arg::A_log, Arg::dt_bias}) slot(g, a).reset();
+    expect(g, "{} needs a or g; both are absent", entry_name(g.plan.entry));
   }
 }
-void drop_row_map(GeneratedCall& g, Chooser&) { slot(g, Arg::scratch_row_map).reset(); }
+void drop_row_map(GeneratedCall& g, Chooser&) {
+  slot(g, Arg::scratch_row_map).reset();
+  expect(g, "scratch_row_map is required when scratch_indices is absent");
+}
 
 // arg.exclusive
 void both_beta_forms(GeneratedCall& g, Chooser&) {
@@ -128,36 +161,54 @@ void both_beta_forms(GeneratedCall& g, Chooser&) {
   OptionalView& beta = slot(g, Arg::beta);
   if (b) beta = b;
   else b = beta;
+  expect(g, "give b or beta, not both");
 }
-void both_gate_forms(GeneratedCall& g, Chooser&) { slot(g, Arg::g) = present(g, Arg::a); }
+void both_gate_forms(GeneratedCall& g, Chooser&) {
+  slot(g, Arg::g) = present(g, Arg::a);
+  expect(g, "give a or g, not both");
+}
 
 // arg.rank
 void beta_rank_three(GeneratedCall& g, Chooser&) {
-  TensorView& t = present(g, has(g, Arg::b) ? Arg::b : Arg::beta);
+  const Arg a = has(g, Arg::b) ? Arg::b : Arg::beta;
+  TensorView& t = present(g, a);
   t.rank = 3;
   t.shape[2] = 1;
   t.stride[2] = 1;
+  expect(g, "{} must have 2 dimensions; got 3 (shape {})", arg_name(a), shape_text(t));
 }
 void index_rank_two(GeneratedCall& g, Chooser&) {
   TensorView& t = present(g, Arg::cache_indices);
   t.rank = 2;
   t.shape[1] = 1;
   t.stride[1] = 1;
+  expect(g, "cache_indices must have 1 dimensions; got 2 (shape {})", shape_text(t));
 }
 
 // arg.shape
-void out_wrong_size(GeneratedCall& g, Chooser& c) {
-  TensorView& out = present(g, Arg::out);
-  if (c.coin() || out.shape[0] == 0) out.shape[0] += 1;
-  else if (c.coin()) out.shape[0] -= 1;
-  else out.shape[1] += 1;
-  detach_compact(out);
+// A dim of out (rows, HV or V) or of k (H or K) off its size; head dims swap 64 and 128, so the
+// rows stay 16-byte aligned.
+void wrong_size(GeneratedCall& g, Chooser& c) {
+  const bool key = c.one_in(3);
+  TensorView& t = present(g, key ? Arg::k : Arg::out);
+  const int d = static_cast<int>(c.pick(key ? 1 : 0, 2));
+  const i64 want = t.shape[d];
+  if (d == 2) t.shape[d] = want == 64 ? 128 : 64;
+  else if (d == 0 && want > 0 && c.coin()) t.shape[d] -= 1;
+  else t.shape[d] += 1;
+  detach_compact(t);
+  static constexpr std::string_view kOutDims[] = {"", "HV", "V"}, kKeyDims[] = {"", "H", "K"};
+  const std::string_view dim = d == 0 ? (g.plan.entry == Entry::decode ? "B" : "T_tot")
+                               : key ? kKeyDims[d] : kOutDims[d];
+  expect(g, "{} dim {} must be {} = {}; got {} (shape {})", key ? "k" : "out", d, dim, want,
+         t.shape[d], shape_text(t));
 }
 void cu_seqlens_too_long(GeneratedCall& g, Chooser&) {
   TensorView& cu = present(g, Arg::cu_seqlens);
   cu.shape[0] += 1;
   if (cu.values) cu.values->push_back(cu.values->back());  // an empty extra row: still monotone
   detach_compact(cu);
+  expect(g, "cu_seqlens dim 0 must be N+1 = {}; got {}", cu.shape[0] - 1, cu.shape[0]);
 }
 
 // arg.dtype
@@ -165,18 +216,30 @@ void out_other_dtype(GeneratedCall& g, Chooser&) {
   TensorView& out = present(g, Arg::out);
   out.dtype = out.dtype == DType::f32 ? DType::bf16 : DType::f32;
   detach_compact(out);
+  expect(g, "out has dtype {}; expected {} (the dtype of q)", dtype_name(out.dtype),
+         dtype_name(present(g, Arg::q).dtype));
+}
+void q_integer(GeneratedCall& g, Chooser& c) {
+  TensorView& q = present(g, Arg::q);
+  q.dtype = c.coin() ? DType::i32 : DType::i64;
+  detach_compact(q);
+  expect(g, "q has dtype {}; expected bf16, f16 or f32", dtype_name(q.dtype));
 }
 void index_i64(GeneratedCall& g, Chooser& c) {
   const Arg a = g.plan.entry == Entry::commit && c.coin() ? Arg::accepted : slot_map_arg(g);
   TensorView& t = present(g, a);
   t.dtype = DType::i64;
   detach_compact(t);
+  expect(g, "{} has dtype i64; expected i32", arg_name(a));
 }
 
 // arg.device
 void other_device_argument(GeneratedCall& g, Chooser& c) {
   const auto args = present_args(g);
-  present(g, pick_arg(args, c)).device = other_device(device_of(g.call));
+  const Arg a = pick_arg(args, c);
+  present(g, a).device = other_device(device_of(g.call));
+  expect(g, "{} is on {}; the call runs on {}", arg_name(a), device_name(*present(g, a).device),
+         device_name(device_of(g.call)));
 }
 
 // arg.last_dim_contiguous
@@ -184,11 +247,16 @@ void q_every_other_element(GeneratedCall& g, Chooser&) {
   TensorView& q = present(g, Arg::q);
   detach_compact(q);
   for (int d = 0; d < q.rank; ++d) q.stride[d] *= 2;
+  expect(g, "`q` must be contiguous in the last dim.: its last stride is 2 (strides {})",
+         stride_text(q));
 }
 void index_every_other_entry(GeneratedCall& g, Chooser& c) {
-  TensorView& t = present(g, c.coin() ? Arg::accepted : Arg::cache_indices);
+  const Arg a = c.coin() ? Arg::accepted : Arg::cache_indices;
+  TensorView& t = present(g, a);
   detach_compact(t);
   t.stride[0] = 2;
+  expect(g, "`{}` must be contiguous in the last dim.: its last stride is 2 (strides (2))",
+         arg_name(a));
 }
 
 // arg.stride
@@ -204,23 +272,37 @@ void negative_stride(GeneratedCall& g, Chooser& c) {
   // Element [0..0] moves to the far end, so every element stays inside the allocation.
   t.storage_offset.count += std::max<i64>(t.shape[dim] - 1, 0) * t.stride[dim];
   t.stride[dim] = -t.stride[dim];
+  expect(g, "{} has a negative stride {} in dim {}; strides {}", arg_name(arg), t.stride[dim], dim,
+         stride_text(t));
 }
-void out_heads_share_memory(GeneratedCall& g, Chooser&) { present(g, Arg::out).stride[1] = 0; }
+void out_heads_share_memory(GeneratedCall& g, Chooser&) {
+  TensorView& out = present(g, Arg::out);
+  out.stride[1] = 0;
+  expect(g, "output out maps two elements to one address: shape {}, strides {}", shape_text(out),
+         stride_text(out));
+}
 
 // arg.extent
 void storage_one_short(GeneratedCall& g, Chooser& c) {
   std::vector<Arg> candidates;
   for (Arg a : present_args(g))
     if (present(g, a).numel() > 0) candidates.push_back(a);
-  TensorView& t = present(g, pick_arg(candidates, c));
+  const Arg a = pick_arg(candidates, c);
+  TensorView& t = present(g, a);
   i64 last = t.storage_offset.count;
   for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
   t.storage_size = Elements{last};  // element `last` is the one past the end
+  expect(g, "{} reaches element {} of its allocation, which holds {} elements (shape {}, strides {}, "
+         "storage_offset {})", arg_name(a), last, last, shape_text(t), stride_text(t),
+         t.storage_offset.count);
 }
 void offset_overflows(GeneratedCall& g, Chooser& c) {
   const auto args = present_args(g);
-  TensorView& t = present(g, pick_arg(args, c));
+  const Arg a = pick_arg(args, c);
+  TensorView& t = present(g, a);
   t.storage_offset = Elements{std::numeric_limits<i64>::max() - c.pick(0, 3)};
+  expect(g, "{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}", arg_name(a),
+         shape_text(t), stride_text(t), t.storage_offset.count);
 }
 
 // arg.alignment
@@ -230,15 +312,21 @@ void q_misaligned(GeneratedCall& g, Chooser& c) {
     q.address = 0;
     q.storage_size.reset();
     q.storage_offset = Elements{c.pick(1, 16 / element_size(q.dtype) - 1)};
+    expect(g, "q data address {:#x} is not 16-byte aligned (address {:#x} + storage_offset {} x {} "
+           "bytes)", data_address(q), q.address, q.storage_offset.count, element_size(q.dtype));
   } else {
     detach_compact(q);
     q.stride[0] += 16 / element_size(q.dtype) - 1;  // a row pitch that is not 16-byte aligned
+    expect(g, "q stride {} of dim 0 is {} bytes, not a multiple of 16", q.stride[0],
+           q.stride[0] * element_size(q.dtype));
   }
 }
 void index_misaligned(GeneratedCall& g, Chooser& c) {
-  TensorView& t = present(g, c.coin() ? Arg::accepted : Arg::cache_indices);
+  const Arg a = c.coin() ? Arg::accepted : Arg::cache_indices;
+  TensorView& t = present(g, a);
   detach_compact(t);
   t.address = kMovedAddress + static_cast<std::uint64_t>(c.pick(1, 3));
+  expect(g, "{} data address {:#x} is not 4-byte aligned", arg_name(a), t.address);
 }
 
 // alias.overlap
@@ -246,6 +334,7 @@ void v_aliases_out(GeneratedCall& g, Chooser&) {
   TensorView& out = present(g, Arg::out);
   if (out.address == 0) out.address = kMovedAddress;
   present(g, Arg::v) = out;
+  expect(g, "output out bytes {} overlap v bytes {}", byte_range_text(out), byte_range_text(out));
 }
 void index_inside_pool(GeneratedCall& g, Chooser&) {
   TensorView& pool = present(g, Arg::state);
@@ -257,17 +346,23 @@ void index_inside_pool(GeneratedCall& g, Chooser&) {
   idx.storage_size.reset();
   if (pool.storage_size)
     idx.storage_size = Elements{pool.storage_size->count * element_size(pool.dtype) / 4};
+  expect(g, "output state bytes {} overlap cache_indices bytes {}", byte_range_text(pool),
+         byte_range_text(idx));
 }
 
 // dims.heads, dims.head_dim
 void heads_not_a_multiple(GeneratedCall& g, Chooser& c) {
-  g.plan.H = g.plan.HV + c.pick(1, 2);
+  g.plan.H = c.one_in(3) ? 0 : g.plan.HV + c.pick(1, 2);
   rebuild(g);
+  expect(g, "HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", g.plan.HV, g.plan.H);
 }
 void unsupported_head_dim(GeneratedCall& g, Chooser& c) {
   static constexpr i64 kOdd[] = {32, 96, 192, 256};
-  (c.coin() ? g.plan.K : g.plan.V) = c.element(kOdd);
+  const bool key = c.coin();
+  const i64 size = c.element(kOdd);
+  (key ? g.plan.K : g.plan.V) = size;
   rebuild(g);
+  expect(g, "{} must be 64 or 128; got {} ({})", key ? "K" : "V", size, key ? "q" : "v");
 }
 
 // scalar.scale, scalar.lower_bound, gate.params
@@ -275,15 +370,24 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 void bad_scale(GeneratedCall& g, Chooser& c) {
   static constexpr double kBad[] = {0.0, -0.125, kNaN, kInf, -kInf};
-  scalars_of(g.call).scale = c.element(kBad);
+  const double scale = c.element(kBad);
+  scalars_of(g.call).scale = scale;
+  expect(g, "scale must be finite and > 0; got {}", scale);
 }
 void bad_lower_bound(GeneratedCall& g, Chooser& c) {
   static constexpr double kBad[] = {0.0, 0.5, kNaN, -kInf, kInf};
-  scalars_of(g.call).lower_bound = c.element(kBad);
+  const double bound = c.element(kBad);
+  scalars_of(g.call).lower_bound = bound;
+  expect(g, "lower_bound must be finite and < 0; got {}", bound);
 }
-void raw_gate_without_A_log(GeneratedCall& g, Chooser&) { slot(g, Arg::A_log).reset(); }
+void raw_gate_without_A_log(GeneratedCall& g, Chooser&) {
+  slot(g, Arg::A_log).reset();
+  expect(g, "a raw gate a needs A_log to be activated in the kernel; A_log is absent");
+}
 void lower_bound_with_activated_gate(GeneratedCall& g, Chooser& c) {
-  scalars_of(g.call).lower_bound = -static_cast<double>(c.pick(1, 40)) / 8.0;
+  const double bound = -static_cast<double>(c.pick(1, 40)) / 8.0;
+  scalars_of(g.call).lower_bound = bound;
+  expect(g, "lower_bound {} applies to a raw gate a; g is already activated", bound);
 }
 
 // gate.cover_tokens
@@ -291,7 +395,11 @@ void gate_or_beta_short(GeneratedCall& g, Chooser& c) {
   const i64 rows = token_rows(g);
   const Arg gate = has(g, Arg::a) ? Arg::a : Arg::g;
   const Arg beta = has(g, Arg::b) ? Arg::b : Arg::beta;
-  present(g, c.coin() ? gate : beta).shape[0] = rows - c.pick(1, rows);
+  const Arg a = c.coin() ? gate : beta;
+  TensorView& t = present(g, a);
+  t.shape[0] = rows - c.pick(1, rows);
+  expect(g, "g and beta must cover every q token: {} has {} rows, q has {}", arg_name(a), t.shape[0],
+         rows);
 }
 
 // state.*
@@ -300,6 +408,8 @@ void pool_rank_three(GeneratedCall& g, Chooser&) {
   t.rank = 3;
   t.shape[2] *= t.shape[3];
   t.stride[2] = 1;
+  expect(g, "recurrent_kda needs a [N, HV, V, K] state pool; got shape {} for {}", shape_text(t),
+         arg_name(pool_arg(g)));
 }
 // The pool (or, in verify and commit, sometimes the scratch) whose layout a state.* mutation
 // breaks; `inner` is the index of its HV dim.
@@ -307,6 +417,9 @@ TensorView& some_pool(GeneratedCall& g, Chooser& c, int& inner) {
   const bool scratch = (g.plan.entry == Entry::verify || g.plan.entry == Entry::commit) && c.coin();
   inner = scratch ? 2 : 1;
   return present(g, scratch ? Arg::scratch : pool_arg(g));
+}
+std::string_view pool_name(int inner, const GeneratedCall& g) {
+  return inner == 2 ? "scratch" : arg_name(pool_arg(g));
 }
 // Rewrites the slot (scratch: step) and HV strides of a pool in an allocation of its own.
 void restride_pool(TensorView& t, int inner, i64 slot, i64 head) {
@@ -327,12 +440,18 @@ void pool_heads_padded(GeneratedCall& g, Chooser& c) {
     t.stride[inner + 1] = 1;
     t.stride[inner + 2] = t.shape[inner + 1];
   }
+  expect(g, "compact (V*K, K, 1)=({}, {}, 1); got ({}, {}, {})", VK, t.shape[inner + 2],
+         t.stride[inner], t.stride[inner + 1], t.stride[inner + 2]);
+  expect(g, "for {}", pool_name(inner, g));
 }
 void slot_stride_unaligned(GeneratedCall& g, Chooser& c) {
   int inner = 1;
   TensorView& t = some_pool(g, c, inner);
   const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
   restride_pool(t, inner, HV * VK + 16 * c.pick(0, 2) + c.pick(1, 15), VK);
+  // Seed 003's text, then the pool's own numbers.
+  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} slot stride {} "
+         "elements must be a multiple of 16", pool_name(inner, g), t.stride[inner - 1]);
 }
 void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
   int inner = 1;
@@ -346,16 +465,23 @@ void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
     t.address = kMovedAddress + 16;  // the data address itself off by 16 bytes
     t.storage_offset = Elements{0};
   }
+  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} base byte offset {} "
+         "(data address {:#x}) must be a multiple of 32", pool_name(inner, g),
+         t.storage_offset.count * es, data_address(t));
 }
 void slot_stride_too_small(GeneratedCall& g, Chooser& c) {
   int inner = 1;
   TensorView& t = some_pool(g, c, inner);
   const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
   restride_pool(t, inner, HV * VK - 16 * c.pick(1, 4), VK);
+  expect(g, "{} slot stride {} is smaller than a slot, HV*V*K = {}", pool_name(inner, g),
+         t.stride[inner - 1], HV * VK);
 }
 void empty_pool(GeneratedCall& g, Chooser&) {
   present(g, pool_arg(g)).shape[0] = 0;
   present(g, slot_map_arg(g)).values.reset();  // no slot is in range now: defer, don't report
+  expect(g, "{} has 0 slots; the call has {} rows that need one", arg_name(pool_arg(g)),
+         g.plan.rows());
 }
 
 // index.*
@@ -363,28 +489,40 @@ void slot_map_short(GeneratedCall& g, Chooser&) {
   TensorView& t = present(g, slot_map_arg(g));
   t.shape[0] = g.plan.rows() - 1;
   if (t.values) t.values->resize(static_cast<std::size_t>(t.shape[0]));
+  expect(g, "{} has {} entries; the call has {} = {} rows", arg_name(slot_map_arg(g)), t.shape[0],
+         g.plan.entry == Entry::decode ? "B" : "N", g.plan.rows());
 }
 void row_map_short(GeneratedCall& g, Chooser&) {
   TensorView& t = present(g, Arg::scratch_row_map);
   t.shape[0] = g.plan.rows() - 1;
   if (t.values) t.values->resize(static_cast<std::size_t>(t.shape[0]));
+  expect(g, "scratch_row_map has {} entries; the call has N = {} rows", t.shape[0], g.plan.rows());
 }
 void slot_out_of_range(GeneratedCall& g, Chooser& c) {
   const i64 r = active_row(g.plan, c.pick(0, 0));
   const bool low = g.plan.entry != Entry::prefill && c.coin();
-  values_of(g, slot_map_arg(g))[r] = low ? -2 - c.pick(0, 5) : g.plan.slots + c.pick(0, 5);
+  const i64 slot = low ? -2 - c.pick(0, 5) : g.plan.slots + c.pick(0, 5);
+  values_of(g, slot_map_arg(g))[r] = slot;
+  expect(g, "{}[{}] = {} is outside [{}, {})", arg_name(slot_map_arg(g)), r, slot,
+         g.plan.entry == Entry::prefill ? 0 : -1, g.plan.slots);
 }
 void scratch_index_out_of_range(GeneratedCall& g, Chooser& c) {
   // Row 0 is active and has a token (PlanNeeds), so entry [0, 0] names a scratch slot.
-  values_of(g, Arg::scratch_indices)[0] = g.plan.S_spec * g.plan.T_alloc + c.pick(0, 5);
+  const i64 entry = g.plan.S_spec * g.plan.T_alloc + c.pick(0, 5);
+  values_of(g, Arg::scratch_indices)[0] = entry;
+  expect(g, "scratch_indices[0, 0] = {} is outside [-1, {})", entry, g.plan.S_spec * g.plan.T_alloc);
 }
 void slot_shared_by_two_rows(GeneratedCall& g, Chooser&) {
   const i64 first = active_row(g.plan, 0), second = active_row(g.plan, 1);
   auto& values = values_of(g, slot_map_arg(g));
   values[second] = values[first];
+  expect(g, "{}[{}] = {} names a slot an earlier row already uses", arg_name(slot_map_arg(g)), second,
+         values[first]);
 }
 void prefill_padding_row(GeneratedCall& g, Chooser& c) {
-  values_of(g, Arg::initial_state_indices)[c.pick(0, g.plan.rows() - 1)] = -1;
+  const i64 r = c.pick(0, g.plan.rows() - 1);
+  values_of(g, Arg::initial_state_indices)[r] = -1;
+  expect(g, "initial_state_indices[{}] is -1, but padding rows are not allowed here", r);
 }
 
 // seqlens.*, decode.one_token
@@ -398,38 +536,53 @@ void seqlens_not_from_zero(GeneratedCall& g, Chooser& c) {
     cu[0] = cu[1];  // row 0 becomes empty; it can then accept nothing
     if (g.plan.entry == Entry::commit) values_of(g, Arg::accepted)[0] = 0;
   }
+  expect(g, "cu_seqlens[0] must be 0; got {}", cu[0]);
 }
 void seqlens_decrease(GeneratedCall& g, Chooser& c) {
   auto& cu = values_of(g, Arg::cu_seqlens);
   const i64 i = c.pick(1, g.plan.rows() - 1);
   cu[i] = cu[i + 1] + c.pick(1, 3);
+  expect(g, "cu_seqlens decreases: cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", i, cu[i], i + 1,
+         cu[i + 1]);
 }
 void seqlens_wrong_total(GeneratedCall& g, Chooser&) {
   auto& cu = values_of(g, Arg::cu_seqlens);
   const std::size_t n = cu.size() - 1;
   if (cu[n] > cu[n - 1]) cu[n] -= 1;  // the last row gives up a token
   else cu[n] += 1;                    // the (empty) last row claims one past T_tot
+  expect(g, "cu_seqlens[N] must equal T_tot = {} (the rows of q); got {}", token_rows(g), cu[n]);
 }
 void decode_cu_not_one_token(GeneratedCall& g, Chooser& c) {
   auto& cu = values_of(g, Arg::cu_seqlens);
-  cu[static_cast<std::size_t>(c.pick(0, static_cast<i64>(cu.size()) - 1))] += c.pick(1, 3);
+  const auto i = static_cast<std::size_t>(c.pick(0, static_cast<i64>(cu.size()) - 1));
+  cu[i] += c.pick(1, 3);
+  // The first row whose offsets are not n, n + 1 is row i - 1 (row 0 for i = 0): it quotes cu[i].
+  expect(g, "cu_seqlens must be 0, 1, ..., B; cu_seqlens[{}] = {}", i, cu[i]);
 }
 
 // prefill.indexed_pool
 void prefill_without_pool(GeneratedCall& g, Chooser& c) {
   slot(g, c.coin() ? Arg::initial_state_indices : Arg::initial_state).reset();
   if (!has(g, Arg::initial_state) && c.coin()) slot(g, Arg::initial_state_indices).reset();
+  expect(g, "KDA prefill requires an indexed initial-state pool: initial_state is {}, "
+         "initial_state_indices is {}", has(g, Arg::initial_state) ? "given" : "absent",
+         has(g, Arg::initial_state_indices) ? "given" : "absent");
 }
 
 // verify.*
 void draft_tokens_absent(GeneratedCall& g, Chooser&) {
   scalars_of(g.call).draft_token_num.reset();
+  expect(g, "draft_token_num is required");
 }
 void draft_tokens_below_one(GeneratedCall& g, Chooser& c) {
-  scalars_of(g.call).draft_token_num = -c.pick(0, 2);
+  const i64 T = -c.pick(0, 2);
+  scalars_of(g.call).draft_token_num = T;
+  expect(g, "draft_token_num must be >= 1; got {}", T);
 }
 void more_steps_than_scratch(GeneratedCall& g, Chooser& c) {
-  scalars_of(g.call).draft_token_num = g.plan.T_alloc + c.pick(1, 3);
+  const i64 T = g.plan.T_alloc + c.pick(1, 3);
+  scalars_of(g.call).draft_token_num = T;
+  expect(g, "KDA verify needs {} scratch steps, but intermediate_ssm only has {}.", T, g.plan.T_alloc);
 }
 void scratch_rows_do_not_flatten(GeneratedCall& g, Chooser& c) {
   TensorView& t = present(g, Arg::scratch);
@@ -437,32 +590,54 @@ void scratch_rows_do_not_flatten(GeneratedCall& g, Chooser& c) {
     t.address = 0;
     t.storage_size.reset();
     t.stride[0] += 16 * c.pick(1, 3);
+    expect(g, "scratch rows must flatten into steps: stride[0] must be T_alloc * stride[1] = {}; got {}",
+           t.shape[1] * t.stride[1], t.stride[0]);
   } else {
     t.dtype = t.dtype == DType::f32 ? DType::bf16 : DType::f32;
     t.address = 0;
     t.storage_size.reset();
     t.storage_offset = Elements{0};
+    expect(g, "scratch has dtype {}; it must be the state's dtype {}", dtype_name(t.dtype),
+           dtype_name(present(g, Arg::state).dtype));
   }
 }
 void too_few_scratch_rows(GeneratedCall& g, Chooser& c) {
-  present(g, Arg::scratch).shape[0] = g.plan.rows() - c.pick(1, g.plan.rows());
+  const i64 rows = g.plan.rows() - c.pick(1, g.plan.rows());
+  present(g, Arg::scratch).shape[0] = rows;
   // Explicit indices may now name slots past the scratch: leave those to the device.
   if (has(g, Arg::scratch_indices)) present(g, Arg::scratch_indices).values.reset();
+  expect(g, "scratch has {} rows (S_spec); the call has N = {} rows", rows, g.plan.rows());
 }
 void row_longer_than_draft(GeneratedCall& g, Chooser& c) {
-  g.plan.row_lengths[c.pick(0, g.plan.rows() - 1)] = g.plan.T + c.pick(1, 2);
+  const i64 r = c.pick(0, g.plan.rows() - 1);
+  g.plan.row_lengths[r] = g.plan.T + c.pick(1, 2);
   rebuild(g);
+  const auto& cu = values_of(g, Arg::cu_seqlens);
+  expect(g, "verify row {} holds {} tokens (cu_seqlens[{}] = {} to cu_seqlens[{}] = {}); at most T = {}",
+         r, g.plan.row_lengths[r], r, cu[r], r + 1, cu[r + 1], g.plan.T);
 }
-// A padding row writes no scratch, so its map entry is free: the mutation moves an active row's.
+// A padding row writes no scratch, so its map entry is free: the mutation moves an active row's,
+// up, down (below 0 too) or onto another row's entry (a map that is not a permutation).
 void row_map_not_identity(GeneratedCall& g, Chooser& c) {
   auto& map = values_of(g, Arg::scratch_row_map);
-  map[active_row(g.plan, 0)] += c.pick(1, 3);
+  const i64 r = active_row(g.plan, 0);
+  switch (c.pick(0, 2)) {
+    case 0: map[r] += c.pick(1, 3); break;
+    case 1: map[r] -= c.pick(1, 3); break;
+    default: {  // a padding row's entry may already be r
+      const i64 other = c.pick(0, g.plan.rows() - 2);
+      const i64 copied = g.plan.rows() >= 2 ? map[other < r ? other : other + 1] : r;
+      map[r] = copied != r ? copied : r + 1;
+    }
+  }
+  expect(g, "scratch_row_map[{}] = {}, expected {} for a row that is not padding", r, map[r], r);
 }
 void scratch_indices_wrong_form(GeneratedCall& g, Chooser& c) {
   TensorView& t = present(g, Arg::scratch_indices);
   if (c.coin()) {
     t.dtype = DType::i64;
     detach_compact(t);
+    expect(g, "scratch_indices must be i32; got i64");
   } else {
     // [N, T + 1]: one step more per row than the draft holds.
     const i64 n = t.shape[0], steps = t.shape[1];
@@ -476,13 +651,29 @@ void scratch_indices_wrong_form(GeneratedCall& g, Chooser& c) {
     }
     t.shape[1] = steps + 1;
     detach_compact(t);
+    expect(g, "scratch_indices must be [N, T] = [{}, {}]; got shape ({}, {})", n, g.plan.T, n,
+           steps + 1);
   }
 }
 
 // commit.accepted
 void accepted_out_of_range(GeneratedCall& g, Chooser& c) {
   auto& acc = values_of(g, Arg::accepted);
-  acc[c.pick(0, g.plan.rows() - 1)] = c.coin() ? g.plan.T + c.pick(1, 3) : -c.pick(1, 3);
+  const i64 r = c.pick(0, g.plan.rows() - 1);
+  acc[r] = c.coin() ? g.plan.T + c.pick(1, 3) : -c.pick(1, 3);
+  expect(g, "accepted[{}] = {} is outside [0, T = {}]", r, acc[r], g.plan.T);
+}
+
+// A row commits a step its explicit scratch indices skip (-1): that step's state was never written.
+void accepted_skipped_step(GeneratedCall& g, Chooser& c) {
+  i64 r = 0;
+  while (r < g.plan.rows() && (g.plan.slot_of_row[r] < 0 || g.plan.row_lengths[r] < 1)) ++r;
+  if (r == g.plan.rows()) throw std::logic_error("mutation: no active row with a token");
+  const i64 t = c.pick(0, std::min(g.plan.T, g.plan.row_lengths[r]) - 1);
+  values_of(g, Arg::scratch_indices)[r * present(g, Arg::scratch_indices).shape[1] + t] = -1;
+  values_of(g, Arg::accepted)[r] = t + 1;
+  expect(g, "accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] is -1 (that step "
+         "was not written)", r, t + 1, t, r, r, t);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -508,7 +699,7 @@ std::vector<Mutation> make_table() {
       {R::arg_exclusive, "give a and g", kDPV, true, PlanNeeds{.raw_gate = true}, both_gate_forms},
       {R::arg_rank, "b/beta with a third dim", kDPV, true, none, beta_rank_three},
       {R::arg_rank, "cache_indices with a second dim", kC, true, none, index_rank_two},
-      {R::arg_shape, "out with a wrong size", kDPV, true, none, out_wrong_size},
+      {R::arg_shape, "out or k with a wrong size", kDPV, true, none, wrong_size},
       {R::arg_shape, "cu_seqlens one entry too long", kC, true, PlanNeeds{.cu_seqlens = true},
        cu_seqlens_too_long},
       {R::arg_dtype, "out in another dtype than q", kDPV, true, none, out_other_dtype},
@@ -588,6 +779,13 @@ std::vector<Mutation> make_table() {
        PlanNeeds{.explicit_scratch_indices = true}, scratch_indices_wrong_form},
       {R::commit_accepted, "accepted outside [0, T]", kC, true, with_values(rows(1)),
        accepted_out_of_range},
+      // Added after the fuzz seed corpus was written: at the end, so its inputs (which name a
+      // mutation by its index) keep their meaning.
+      {R::arg_dtype, "q in an integer dtype", kDPV, true, none, q_integer},
+      {R::commit_accepted, "accepted names a skipped scratch step", kC, true,
+       with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = true,
+                             .min_rows_with_tokens = 1}),
+       accepted_skipped_step},
   };
 }
 

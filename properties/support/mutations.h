@@ -29,7 +29,8 @@ struct Mutation {
   bool applies_to(Entry e) const { return (entry_mask >> static_cast<int>(e)) & 1u; }
 };
 
-// Every mutation, in catalogue order of their rules.
+// Every mutation, in catalogue order of their rules, then the later additions (fuzz inputs name a
+// mutation by its index in this table).
 std::span<const Mutation> mutation_table();
 std::vector<const Mutation*> mutations_for(RuleId rule);
 
