@@ -357,11 +357,12 @@ TEST(GpuDrift, LongHistoriesStayWithinTheBound) {
             << last.state_ratio << " after " << last.steps;
       const auto mid = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.steps == 4096; });
       const Row shown = mid != rows.end() ? *mid : rows.front();
-      std::printf("drift | %-14s | state %-4s | gate %-9s | %5lld steps: state %.3e out %.3e | "
-                  "%5lld steps: state %.3e out %.3e | bound %.0e\n",
-                  history_name(h), dtype_name(configs[i].state), gate_name(configs[i].gate),
-                  static_cast<long long>(shown.steps), shown.state_ratio, shown.out_ratio,
-                  static_cast<long long>(last.steps), last.state_ratio, last.out_ratio, bound);
+      fmt::print("drift | {:<14} | state {:<4} | gate {:<9} | {:>5} steps: state {:.3e} out {:.3e} | "
+                 "{:>5} steps: state {:.3e} out {:.3e} | bound {:.0e}\n",
+                 history_name(h), dtype_name(configs[i].state), gate_name(configs[i].gate), shown.steps,
+                 shown.state_ratio, shown.out_ratio, last.steps, last.state_ratio, last.out_ratio, bound);
+      std::fflush(stdout);
+      csv.flush();  // each history's rows on disk as soon as it ends
     }
   }
 }
