@@ -1,10 +1,12 @@
 // How fuzz_reference turns its choices into a problem (shared with the seed writer): a small
 // valid ProblemSpec of prefill, verify or commit, the seed of its random data, and for prefill
-// the chunked form to compare. Every choice is made here, before any work.
+// the chunked form to compare. Every choice is made here, before any work. fuzz_gpu draws its
+// specs with the same code (draw_spec_for, larger limits, decode too).
 #pragma once
 
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "gen_calls.h"
@@ -32,10 +34,23 @@ inline std::vector<i64> injection(i64 count, i64 n, Chooser& c) {
   return all;
 }
 
-inline ProblemSpec draw_spec(Chooser& c) {
+// How large drawn problems get: fuzz_reference's defaults keep the f64 checks cheap; fuzz_gpu
+// draws past the kernels' batch and chunk edges (verify's 8-token step batch, prefill's 64-token
+// chunks) and runs decode.
+struct SpecLimits {
+  std::span<const i64> prefill_lengths;  // lengths drawn as specials half the time
+  i64 max_prefill_length = 24;           // the other half: 0..max
+  i64 max_rows = 3;                      // prefill, verify, commit
+  i64 max_decode_rows = 1;               // decode batch
+  i64 max_draft_tokens = 5;
+};
+
+inline constexpr i64 kReferenceLengths[] = {0, 1, 15, 16, 17, 31, 32, 33};
+
+// A valid spec of entry point `entry`.
+inline ProblemSpec draw_spec_for(Entry entry, Chooser& c, const SpecLimits& limits) {
   ProblemSpec s;
-  static constexpr Entry kEntries[] = {Entry::prefill, Entry::verify, Entry::commit};
-  s.entry = c.element(kEntries);
+  s.entry = entry;
   s.K = c.one_in(4) ? 128 : 64;
   s.V = c.one_in(4) ? 128 : 64;
   s.H = static_cast<int>(c.pick(1, 2));
@@ -64,17 +79,28 @@ inline ProblemSpec draw_spec(Chooser& c) {
   s.token_pad_16B = c.pick(0, 2);
   s.host_values = c.coin();
 
-  const i64 n = c.pick(1, 3);
+  if (s.entry == Entry::decode) {
+    const i64 B = c.pick(1, limits.max_decode_rows);
+    s.seq_lens.assign(static_cast<std::size_t>(B), 1);
+    s.pool_slots = B + c.pick(0, 2);
+    s.slots = injection(B, s.pool_slots, c);
+    for (auto& slot : s.slots)
+      if (c.one_in(4)) slot = -1;
+    s.decode_cu_seqlens = c.coin();
+    return s;
+  }
+  const i64 n = c.pick(1, limits.max_rows);
   if (s.entry == Entry::prefill) {
-    static constexpr i64 kLens[] = {0, 1, 15, 16, 17, 31, 32, 33};
-    for (i64 r = 0; r < n; ++r) s.seq_lens.push_back(c.coin() ? c.element(kLens) : c.pick(0, 24));
+    for (i64 r = 0; r < n; ++r)
+      s.seq_lens.push_back(c.coin() ? c.element(limits.prefill_lengths)
+                                    : c.pick(0, limits.max_prefill_length));
     s.pool_slots = n + c.pick(0, 2);
     s.slots = injection(n, s.pool_slots, c);
     s.cu_seqlens_dtype = c.coin() ? DType::i64 : DType::i32;
     s.extra_gate_rows = c.pick(0, 2);
     return s;
   }
-  s.draft_tokens = c.pick(1, 5);
+  s.draft_tokens = c.pick(1, limits.max_draft_tokens);
   const i64 T = s.draft_tokens;
   s.scratch_steps = T + c.pick(0, 2);
   for (i64 r = 0; r < n; ++r) s.seq_lens.push_back(c.pick(0, T));
@@ -98,6 +124,13 @@ inline ProblemSpec draw_spec(Chooser& c) {
   }
   s.commit_cu_seqlens = c.coin();
   return s;
+}
+
+// fuzz_reference's spec: prefill, verify or commit at the default limits.
+inline ProblemSpec draw_spec(Chooser& c) {
+  static constexpr Entry kEntries[] = {Entry::prefill, Entry::verify, Entry::commit};
+  const Entry entry = c.element(kEntries);
+  return draw_spec_for(entry, c, SpecLimits{.prefill_lengths = kReferenceLengths});
 }
 
 }  // namespace reference_case_detail

@@ -1,4 +1,5 @@
-// Writes the seed corpora: corpus/fuzz_contracts, corpus/fuzz_check_json, corpus/fuzz_reference.
+// Writes the seed corpora: corpus/fuzz_contracts, corpus/fuzz_check_json, corpus/fuzz_reference,
+// corpus/fuzz_gpu.
 //   fuzz_seed_writer <corpus root>
 // Byte-driven targets get inputs recorded from the targets' own drawing code (RecordingChooser),
 // so each seed means what its name says: a valid call of each entry point, every catalogue
@@ -19,6 +20,7 @@
 
 #include "contracts_case.h"
 #include "fuzz_chooser.h"
+#include "gpu_case.h"
 #include "kdaguard/callio.h"
 #include "reference_case.h"
 
@@ -234,6 +236,31 @@ void write_reference(const fs::path& dir) {
   std::printf("%s: %d inputs\n", dir.string().c_str(), files);
 }
 
+// fuzz_gpu: byte 0 the mode, then a recorded case of each entry point, a few problems each.
+void write_gpu(const fs::path& dir) {
+  fs::create_directories(dir);
+  int files = 0;
+  for (const GpuMode mode : {GpuMode::conformance, GpuMode::planted}) {
+    for (std::int64_t entry = 0; entry < 4; ++entry) {
+      for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+        SeededChooser random(seed * 104729 + static_cast<std::uint64_t>(entry) * 31 +
+                             static_cast<std::uint64_t>(mode));
+        ScriptedChooser scripted({entry}, random);
+        RecordingChooser record(scripted);
+        const GpuCase c = draw_gpu_case(mode, record);
+        std::vector<std::uint8_t> bytes{static_cast<std::uint8_t>(mode)};
+        const std::vector<std::uint8_t> choices = record.bytes();
+        bytes.insert(bytes.end(), choices.begin(), choices.end());
+        write_file(dir / fmt::format("{}_{}_{}", mode == GpuMode::planted ? "planted" : "conformance",
+                                     entry_name(c.spec.entry), seed),
+                   bytes);
+        ++files;
+      }
+    }
+  }
+  std::printf("%s: %d inputs\n", dir.string().c_str(), files);
+}
+
 }  // namespace
 }  // namespace kdaguard::support
 
@@ -249,5 +276,6 @@ int main(int argc, char** argv) {
   write_contracts(root / "fuzz_contracts", calls);
   write_check_json(root / "fuzz_check_json", calls);
   write_reference(root / "fuzz_reference");
+  write_gpu(root / "fuzz_gpu");
   return 0;
 }

@@ -10,6 +10,8 @@
 #     FUZZ_SECONDS  seconds per target and round (default 3600)
 #     FUZZ_ROUNDS   rounds over the targets; 0 = until interrupted (default 1)
 #     FUZZ_JOBS     worker processes (default: all cores)
+#     FUZZ_PREBUILT=1  use the targets already in FUZZ_BUILD/fuzz/ as they are: no cmake (for a
+#                   machine that has the binaries but not the toolchain)
 #
 # Work happens in FUZZ_BUILD/continuous/<target>/ (a growing work corpus, artifacts, logs); after
 # each target's turn, `-merge=1` copies into corpus/<target> only the inputs that add coverage.
@@ -32,11 +34,21 @@ jobs=${FUZZ_JOBS:-$(nproc)}
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  for src in fuzz/fuzz_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
+  # fuzz_gpu needs its own preset (fuzz-gpu) and a GPU; name it to fuzz it here.
+  for src in fuzz/fuzz_*.cpp; do
+    target=$(basename "$src" .cpp)
+    [ "$target" = fuzz_gpu ] || targets+=("$target")
+  done
 fi
 
-[ -d "$build" ] || cmake --preset "$preset"
-cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+if [ "${FUZZ_PREBUILT:-0}" = 1 ]; then
+  for target in "${targets[@]}"; do
+    [ -x "$build/fuzz/$target" ] || { echo "fuzz_continuous: FUZZ_PREBUILT=1 but no $build/fuzz/$target" >&2; exit 2; }
+  done
+else
+  [ -d "$build" ] || cmake --preset "$preset"
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}"
+fi
 
 ledger=corpus/fuzz_executions.tsv
 

@@ -6,7 +6,10 @@
 #   GPU_CASES   random calls per conformance property (default 1000)
 #   SANITIZER_CASES  calls per property under compute-sanitizer memcheck and racecheck (default 8)
 #   PEER=1      also time the peer (bench/peer_fla.py; needs fla importable by python3)
-#   T_CONF, T_SAN, T_BENCH, T_PEER  per-step time limits in seconds (300, 120 each, 300, 420)
+#   FUZZ_GPU_BUILD    build tree of the fuzz-gpu preset (default build-fuzz-gpu); its fuzz_gpu runs
+#                     FUZZ_GPU_SECONDS (default 120) per mode, else build's replayer runs the corpus
+#   T_CONF, T_SAN, T_BENCH, T_PEER, T_DRIFT  per-step time limits in seconds (300, 120 each, 300,
+#                     420, 600)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir=${1:?usage: scripts/gpu_report.sh REPORT_DIR}
@@ -54,6 +57,42 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     echo '```'
   } >>"$summary"
 fi
+
+echo "== long-horizon drift (gpu_drift: 32768 steps per history, state dtype and gate)"
+KDAGUARD_DRIFT_CSV="$report_dir/drift.csv" timeout "${T_DRIFT:-600}" "$tests/gpu_drift" \
+  >"$report_dir/drift.log" 2>&1 || status=1
+{
+  echo
+  echo "### Long-horizon drift against the f64 recurrence (bound: fuzz/NOTES.md)"
+  echo '```'
+  grep -E "^drift |\[  (PASSED|FAILED|SKIPPED) " "$report_dir/drift.log"
+  echo '```'
+} >>"$summary"
+if [ -s "$report_dir/drift.csv" ] && python3 scripts/plot_drift.py "$report_dir/drift.csv" \
+     "$report_dir/drift.png" >>"$report_dir/drift.log" 2>&1; then
+  echo "Plot: drift.png" >>"$summary"
+fi
+
+echo "== GPU fuzzing (fuzz_gpu)"
+fuzz_gpu_build=${FUZZ_GPU_BUILD:-build-fuzz-gpu}
+fuzz_seconds=${FUZZ_GPU_SECONDS:-120}
+{ echo; echo "### GPU fuzzing (fuzz_gpu, both modes)"; echo '```'; } >>"$summary"
+if [ -x "$fuzz_gpu_build/fuzz/fuzz_gpu" ]; then
+  for mode in conformance planted; do
+    mkdir -p "$report_dir/fuzz_gpu/$mode"
+    KDAGUARD_FUZZ_GPU_MODE=$mode timeout $((fuzz_seconds + 60)) "$fuzz_gpu_build/fuzz/fuzz_gpu" \
+      -max_total_time="$fuzz_seconds" -timeout=60 -print_final_stats=1 \
+      -artifact_prefix="$report_dir/fuzz_gpu/$mode/" "$report_dir/fuzz_gpu/$mode" corpus/fuzz_gpu \
+      >"$report_dir/fuzz_gpu_$mode.log" 2>&1 || status=1
+    echo "$mode: $(grep -aE '^#[0-9]+' "$report_dir/fuzz_gpu_$mode.log" | tail -1)" >>"$summary"
+    grep -aE "stat::(number_of_executed_units|average_exec_per_sec)|fuzz invariant broken" \
+      "$report_dir/fuzz_gpu_$mode.log" >>"$summary" || true
+  done
+else
+  "$build/fuzz/fuzz_gpu" corpus/fuzz_gpu >"$report_dir/fuzz_gpu.log" 2>&1 || status=1
+  echo "corpus replay: $(tail -1 "$report_dir/fuzz_gpu.log")" >>"$summary"
+fi
+echo '```' >>"$summary"
 
 echo "== benchmarks"
 timeout "${T_BENCH:-300}" "$bench" --benchmark_repetitions=5 --benchmark_min_time=0.05 \

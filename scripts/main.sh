@@ -21,7 +21,8 @@ echo "== harness: properties at ${RC_CASES} cases, ${FUZZ_SECONDS} s of fuzzing 
 scripts/harness.sh build build-fuzz "$report_dir"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "== GPU: kernel conformance and benchmarks"
+  echo "== GPU: kernel conformance, drift, GPU fuzzing and benchmarks"
+  cmake --preset fuzz-gpu && cmake --build --preset fuzz-gpu -j"$(nproc)"
   scripts/gpu_report.sh "$report_dir"
   echo "== GPU: Python tests (kdaguard._C, gpu-marked)"
   PYTHONPATH="$PWD/build/python" python3 -m pytest -q -p no:cacheprovider -m gpu python/tests

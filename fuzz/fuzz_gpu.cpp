@@ -1,0 +1,536 @@
+// fuzz_gpu: bytes -> a problem of any entry point (gpu_case.h) -> the CUDA kernels (gpu::*) and
+// the f64 CPU reference on the same bytes. Every buffer is uploaded into one device image with
+// 256-byte red zones around each allocation. Invariants, per mode (byte 0):
+//   conformance: the call is accepted and runs; the device guard (index values without host
+//     copies) stays silent; every output element was written (outputs are poisoned first);
+//     outputs and states agree with the reference within kda-math.md's tolerances (f32 inputs
+//     and state 1e-5, 16-bit inputs with an f32 state 5e-3, a bf16 state 1e-2; commit copies bit
+//     for bit); every other byte of every buffer, and every red-zone byte, is unchanged. A verify
+//     is followed by the commit of its accepted prefix, compared the same way.
+//   planted: bad index values that only the device sees: the error word equals the value rules
+//     of the host verdict for the same values (the call with those values as host copies); the
+//     rows those values break are skipped (their outputs stay poisoned, their slots untouched);
+//     every other row matches the reference of the problem before planting; nothing else changed.
+// A machine without an sm_90 GPU has nothing to fuzz: the target says so and exits with 77 (the
+// corpus test's skip code).
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz_chooser.h"
+#include "fuzz_failure.h"
+#include "gpu_case.h"
+#include "gpu_support.h"
+#include "kdaguard/contracts/row_rules.h"
+#include "kdaguard/contracts/validate.h"
+#include "kdaguard/contracts/value_checks.h"
+#include "kdaguard/kda.h"
+#include "kdaguard/reference.h"
+#include "problem.h"
+#include "speculative.h"
+
+namespace kdaguard::support {
+namespace {
+
+using i64 = std::int64_t;
+using reference::ErrorStats;
+
+constexpr Device kGpu{Device::Kind::cuda, 0};
+
+// ---- the device image ---------------------------------------------------------------------------
+
+constexpr std::size_t kRedZone = 256;
+constexpr std::byte kRedZoneByte{0xA5};
+
+gputest::DeviceArena& arena() {
+  static gputest::DeviceArena a(std::size_t{512} << 20);
+  return a;
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fuzz_failure(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+// Every allocation of a problem at its own offset in one device buffer, red zones between.
+struct DeviceImage {
+  std::byte* base = nullptr;
+  std::size_t extent = 0;
+  std::vector<std::size_t> offsets;
+  std::vector<std::uint64_t> bases;  // device address of each allocation
+  gpu::DeviceGuard guard;
+};
+
+DeviceImage upload(const HostProblem& p) {
+  arena().reset();
+  DeviceImage image;
+  std::size_t at = kRedZone;
+  for (const Allocation& a : p.allocations) {
+    image.offsets.push_back(at);
+    at = (at + a.bytes() + kRedZone + 255) / 256 * 256;
+  }
+  image.extent = at;
+  image.base = static_cast<std::byte*>(arena().allocate(image.extent));
+  std::vector<std::byte> host(image.extent, kRedZoneByte);
+  for (std::size_t i = 0; i < p.allocations.size(); ++i) {
+    std::memcpy(host.data() + image.offsets[i], p.allocations[i].data(), p.allocations[i].bytes());
+    image.bases.push_back(reinterpret_cast<std::uint64_t>(image.base + image.offsets[i]));
+  }
+  cuda_ok(cudaMemcpy(image.base, host.data(), image.extent, cudaMemcpyHostToDevice), "upload");
+  image.guard = gputest::make_guard(arena(), std::max<i64>(p.spec.rows() + p.spec.extra_index_entries, 1));
+  return image;
+}
+
+// Copies the allocations back into p; the first red-zone byte that changed, or nullopt.
+std::optional<std::string> download(HostProblem& p, const DeviceImage& image) {
+  std::vector<std::byte> host(image.extent);
+  cuda_ok(cudaMemcpy(host.data(), image.base, image.extent, cudaMemcpyDeviceToHost), "download");
+  std::optional<std::string> stray;
+  std::size_t zone_begin = 0;
+  for (std::size_t i = 0; i <= p.allocations.size(); ++i) {
+    const std::size_t zone_end = i < p.allocations.size() ? image.offsets[i] : image.extent;
+    for (std::size_t b = zone_begin; b < zone_end && !stray; ++b)
+      if (host[b] != kRedZoneByte)
+        stray = fmt::format("red-zone byte {} before {} changed to {:#04x}", b - zone_begin,
+                            i < p.allocations.size() ? p.allocations[i].name() : "the image's end",
+                            static_cast<unsigned>(host[b]));
+    if (i == p.allocations.size()) break;
+    std::memcpy(p.allocations[i].data(), host.data() + image.offsets[i], p.allocations[i].bytes());
+    zone_begin = image.offsets[i] + p.allocations[i].bytes();
+  }
+  return stray;
+}
+
+Status run_entry(const AnyCall& call, const gpu::LaunchOptions& options) {
+  if (const auto* c = std::get_if<PrefillCall>(&call)) return gpu::prefill(*c, options);
+  return gputest::run_gpu(call, options);
+}
+
+// Runs `call` (host addresses of p) on the image; returns the error word.
+std::uint64_t run_on_device(const HostProblem& p, const AnyCall& call, const DeviceImage& image,
+                            int chunks_per_block, std::string_view what) {
+  gpu::LaunchOptions options;
+  options.guard = image.guard;
+  options.chunks_per_block = chunks_per_block;
+  const Status status = run_entry(p.relocated(call, kGpu, image.bases), options);
+  if (!status.ok())
+    fuzz_failure(fmt::format("{} refused on the GPU: {}\n{}", what, to_string(status), describe(p.spec)));
+  cuda_ok(cudaDeviceSynchronize(), std::string(what).c_str());
+  return gputest::read_error_word(image.guard);
+}
+
+// ---- tolerances ---------------------------------------------------------------------------------
+
+double tolerance(const ProblemSpec& s) {
+  if (s.state_dtype == DType::bf16) return 1e-2;
+  const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 && s.beta_dtype == DType::f32;
+  return all_f32 ? 1e-5 : 5e-3;
+}
+
+void expect_close(const ProblemSpec& s, const char* what, const std::vector<double>& got,
+                  const std::vector<double>& want) {
+  const ErrorStats e = reference::compare(got, want);
+  if (!e.pass(tolerance(s)))
+    fuzz_failure(fmt::format("{} differs from the f64 reference: {} (tolerance {})\n{}", what,
+                             e.to_string(), tolerance(s), describe(s)));
+}
+
+void expect_identical(const ProblemSpec& s, const char* what, const std::vector<double>& got,
+                      const std::vector<double>& want) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))))
+      fuzz_failure(fmt::format("{} element {}: {} on the GPU, {} in the reference\n{}", what, i,
+                               got[i], want[i], describe(s)));
+}
+
+void expect_status(const Status& s, const ProblemSpec& spec, const char* what) {
+  if (!s.ok()) fuzz_failure(fmt::format("{}: {}\n{}", what, to_string(s), describe(spec)));
+}
+
+// ---- conformance --------------------------------------------------------------------------------
+
+void check_conformance(const GpuCase& c) {
+  HostProblem p = materialize(c.spec, c.data_seed);
+  const ProblemSpec& s = p.spec;
+  p.poison_outputs();
+  const Snapshot before = p.snapshot();
+  const DeviceImage image = upload(p);
+
+  expect_status(reference::run(p.call), s, "reference");
+  const Snapshot expected = p.snapshot();
+
+  const std::uint64_t word = run_on_device(p, p.call, image, c.chunks_per_block, entry_name(s.entry));
+  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
+  if (word != 0)
+    fuzz_failure(fmt::format("the device guard fired on a valid call: {}\n{}", gputest::rule_list(word), describe(s)));
+  if (const auto unwritten = p.unwritten_outputs()) fuzz_failure("unwritten output: " + *unwritten + "\n" + describe(s));
+  if (const auto where = p.unexpected_writes(before)) fuzz_failure(*where + "\n" + describe(s));
+
+  if (s.entry == Entry::commit) {  // a copy of bytes: identical to the reference's
+    const auto& state = *p.commit->state;
+    expect_identical(s, "committed pool", p.read_floats_in(p.snapshot(), state), p.read_floats_in(expected, state));
+    return;
+  }
+  const Snapshot actual = p.snapshot();
+  const OutputErrors e = p.compare_outputs(expected, actual);
+  const double tol = tolerance(s);
+  if (!e.out.pass(tol) || !e.state.pass(tol))
+    fuzz_failure(fmt::format("{} differs from the f64 reference (tolerance {}): out {}, state {}\n{}",
+                             entry_name(s.entry), tol, e.out.to_string(), e.state.to_string(), describe(s)));
+  if (s.entry != Entry::verify) return;
+
+  // The serving chain: commit the accepted prefix of this verify, on both sides.
+  p.restore(expected);
+  expect_status(reference::commit(*p.commit), s, "reference commit");
+  const Snapshot committed = p.snapshot();
+  p.restore(actual);
+  const std::uint64_t commit_word = run_on_device(p, *p.commit, image, c.chunks_per_block, "commit after verify");
+  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
+  if (commit_word != 0)
+    fuzz_failure("the device guard fired on the commit of a valid verify: " + gputest::rule_list(commit_word));
+  const auto& pool = *p.commit->state;
+  expect_close(s, "pool after verify + commit", p.read_floats_in(p.snapshot(), pool),
+               p.read_floats_in(committed, pool));
+}
+
+// ---- planted index values -----------------------------------------------------------------------
+
+constexpr Arg kIndexArgs[] = {Arg::cache_indices, Arg::initial_state_indices, Arg::cu_seqlens,
+                              Arg::scratch_row_map, Arg::scratch_indices, Arg::accepted};
+
+// Every index tensor's values, row-major.
+using IndexValues = std::map<Arg, std::vector<i64>>;
+
+template <class F> void for_each_index_offset(const TensorView& t, F&& f) {
+  const i64 rows = t.shape[0], cols = t.rank == 2 ? t.shape[1] : 1;
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 col = 0; col < cols; ++col)
+      f(r * cols + col, t.storage_offset.count + r * t.stride[0] + (t.rank == 2 ? col * t.stride[1] : 0));
+}
+
+IndexValues read_index_values(const AnyCall& call) {
+  IndexValues values;
+  for (Arg a : kIndexArgs) {
+    const OptionalView* v = find_argument(call, a);
+    if (v == nullptr || !*v) continue;
+    const auto* base = reinterpret_cast<const std::byte*>(*(*v)->data_address() -
+                                                          (*v)->storage_offset.count * element_size((*v)->dtype));
+    std::vector<i64>& out = values[a];
+    out.resize(static_cast<std::size_t>((*v)->numel()));
+    for_each_index_offset(**v, [&](i64 i, i64 offset) {
+      if ((*v)->dtype == DType::i64) {
+        std::memcpy(&out[static_cast<std::size_t>(i)], base + offset * 8, 8);
+      } else {
+        std::int32_t x;
+        std::memcpy(&x, base + offset * 4, 4);
+        out[static_cast<std::size_t>(i)] = x;
+      }
+    });
+  }
+  return values;
+}
+
+void write_index_values(const AnyCall& call, const IndexValues& values) {
+  for (const auto& [a, vals] : values) {
+    const OptionalView* v = find_argument(call, a);
+    auto* base = reinterpret_cast<std::byte*>(*(*v)->data_address() -
+                                              (*v)->storage_offset.count * element_size((*v)->dtype));
+    for_each_index_offset(**v, [&, &vals = vals](i64 i, i64 offset) {
+      const i64 x = vals[static_cast<std::size_t>(i)];
+      if ((*v)->dtype == DType::i64) {
+        std::memcpy(base + offset * 8, &x, 8);
+      } else {
+        const auto narrow = static_cast<std::int32_t>(x);
+        std::memcpy(base + offset * 4, &narrow, 4);
+      }
+    });
+  }
+}
+
+Arg slot_map_of(Entry e) { return e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices; }
+
+// The rows the host's value rules reject for these values: each row's own faults (row_rules.h,
+// the code the validators and the device guard share) and index.unique, worked out here apart:
+// a row whose slot another row uses, or one of whose scratch steps another step names.
+std::vector<bool> faulty_rows(const ProblemSpec& s, const IndexValues& v) {
+  using row_rules::HostIndex;
+  auto index = [&](Arg a, i64 row_stride = 0) -> HostIndex {
+    const auto it = v.find(a);
+    return it == v.end() ? HostIndex{} : HostIndex{it->second.data(), row_stride, true};
+  };
+  const i64 N = s.rows(), S = s.pool_slots, T = s.draft_tokens;
+  const i64 scratch_slots = s.scratch_rows * s.scratch_steps;
+  const HostIndex slots = index(slot_map_of(s.entry)), cu = index(Arg::cu_seqlens);
+  const HostIndex scratch = index(Arg::scratch_indices, T);
+  const HostIndex row_map = scratch.known() ? HostIndex{} : index(Arg::scratch_row_map);
+  std::vector<bool> faulty(static_cast<std::size_t>(N));
+  for (i64 n = 0; n < N; ++n) {
+    row_rules::Mask f = 0;
+    switch (s.entry) {
+      case Entry::decode:
+        f = row_rules::row_faults(row_rules::DecodeRows<HostIndex>{N, S, slots, cu}, n);
+        break;
+      case Entry::prefill:
+        f = row_rules::row_faults(row_rules::PrefillRows<HostIndex>{N, s.total_tokens(), S, cu, slots}, n);
+        break;
+      case Entry::verify:
+        f = row_rules::row_faults(row_rules::VerifyRows<HostIndex>{N, s.total_tokens(), T, S, scratch_slots,
+                                                                   cu, slots, row_map, scratch}, n);
+        break;
+      case Entry::commit:
+        f = row_rules::row_faults(row_rules::CommitRows<HostIndex>{N, T, S, scratch_slots, cu, slots, row_map,
+                                                                   scratch, index(Arg::accepted)}, n);
+        break;
+    }
+    faulty[static_cast<std::size_t>(n)] = f != 0;
+  }
+  const std::vector<i64>& slot_values = v.at(slot_map_of(s.entry));
+  for (i64 n = 0; n < N; ++n)
+    for (i64 m = 0; m < N; ++m)
+      if (m != n && value_checks::unique_candidate(slot_values[n], S) && slot_values[n] == slot_values[m])
+        faulty[static_cast<std::size_t>(n)] = true;
+  if (scratch.known()) {
+    const std::vector<i64>& flat = v.at(Arg::scratch_indices);
+    for (i64 i = 0; i < N * T; ++i)
+      for (i64 j = 0; j < N * T; ++j)
+        if (i != j && value_checks::unique_candidate(flat[i], scratch_slots) && flat[i] == flat[j])
+          faulty[static_cast<std::size_t>(i / T)] = true;
+  }
+  return faulty;
+}
+
+// Whether row n reads the same index values in a and b.
+bool row_unchanged(const ProblemSpec& s, const IndexValues& a, const IndexValues& b, i64 n) {
+  auto same = [&](Arg arg, i64 i) {
+    const auto x = a.find(arg), y = b.find(arg);
+    return x == a.end() || x->second[static_cast<std::size_t>(i)] == y->second[static_cast<std::size_t>(i)];
+  };
+  bool equal = same(slot_map_of(s.entry), n) && same(Arg::cu_seqlens, n) && same(Arg::cu_seqlens, n + 1) &&
+               same(Arg::scratch_row_map, n) && same(Arg::accepted, n);
+  if (a.count(Arg::scratch_indices))
+    for (i64 t = 0; t < s.draft_tokens; ++t) equal = equal && same(Arg::scratch_indices, n * s.draft_tokens + t);
+  return equal;
+}
+
+void apply_plant(const Plant& p, const ProblemSpec& s, IndexValues& v) {
+  const i64 N = s.rows(), T = s.draft_tokens, m = p.magnitude;
+  const i64 other = p.other_row != p.row ? p.other_row : (p.row + 1) % N;
+  std::vector<i64>& slots = v.at(slot_map_of(s.entry));
+  switch (p.kind) {
+    case PlantKind::slot_out_of_range:
+      slots[p.row] = bad_value(s.entry == Entry::prefill ? 0 : -1, s.pool_slots, m);
+      break;
+    case PlantKind::slot_repeated: slots[other] = slots[p.row]; break;
+    case PlantKind::slot_padding: slots[p.row] = -1; break;
+    case PlantKind::cu_start: v.at(Arg::cu_seqlens)[0] = m % 2 ? 1 + m : -1 - m; break;
+    case PlantKind::cu_order: {
+      std::vector<i64>& cu = v.at(Arg::cu_seqlens);
+      const i64 i = 1 + p.row % std::max<i64>(N - 1, 1);
+      cu[i] = m % 2 ? cu[i - 1] - 1 - m : cu[i + 1] + 1 + m;
+      break;
+    }
+    case PlantKind::cu_end: {
+      std::vector<i64>& cu = v.at(Arg::cu_seqlens);
+      const i64 T_tot = s.total_tokens();
+      if (s.entry == Entry::commit) cu[N] = cu[N - 1] - 1 - m;
+      else cu[N] = m % 2 ? T_tot + 1 + m : T_tot - 1 - m;
+      break;
+    }
+    case PlantKind::accepted_past_draft: v.at(Arg::accepted)[p.row] = m % 2 ? T + 1 + m : -1 - m; break;
+    case PlantKind::scratch_out_of_range:
+      v.at(Arg::scratch_indices)[p.row * T + p.step] = bad_value(-1, s.scratch_rows * s.scratch_steps, m);
+      break;
+    case PlantKind::scratch_repeated: {
+      std::vector<i64>& flat = v.at(Arg::scratch_indices);
+      const i64 to = p.row * T + p.step, from = other * T + p.other_step;
+      flat[to] = flat[from];
+      break;
+    }
+    case PlantKind::row_map_permuted: v.at(Arg::scratch_row_map)[p.row] = p.row + 1 + m; break;
+    case PlantKind::junk_past_rows: {
+      const i64 i = N + p.row % s.extra_index_entries;
+      slots[i] = bad_value(-1, s.pool_slots, m);
+      if (v.count(Arg::scratch_row_map)) v.at(Arg::scratch_row_map)[i] = 1000 + m;
+      break;
+    }
+  }
+}
+
+// Applies the plants one by one, dropping any that would leave a row with changed values that the
+// rules still accept (a value that is merely different, not bad: e.g. a slot repeated from a
+// padding row); so every row that reads a planted value is faulty.
+IndexValues planted_values(const GpuCase& c, const IndexValues& original) {
+  IndexValues v = original;
+  for (const Plant& p : c.plants) {
+    IndexValues next = v;
+    apply_plant(p, c.spec, next);
+    const std::vector<bool> faulty = faulty_rows(c.spec, next);
+    bool keep = true;
+    for (i64 n = 0; n < c.spec.rows(); ++n)
+      keep = keep && (faulty[static_cast<std::size_t>(n)] || row_unchanged(c.spec, next, original, n));
+    if (keep) v = std::move(next);
+  }
+  return v;
+}
+
+// What the healthy rows write, derived from the spec like HostProblem::written_regions(), per row.
+std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<bool>& faulty) {
+  const ProblemSpec& s = p.spec;
+  std::vector<TensorView> regions;
+  std::vector<i64> cu{0};
+  for (i64 len : s.seq_lens) cu.push_back(cu.back() + len);
+  auto tokens = [&](const TensorView& out, i64 n) {
+    for (i64 t = cu[n]; t < cu[n + 1]; ++t) regions.push_back(slice_rows(out, t, 1));
+  };
+  auto slot = [&](const TensorView& pool, i64 flat) { regions.push_back(slice_rows(flat_pool(pool), flat, 1)); };
+  for (i64 n = 0; n < s.rows(); ++n) {
+    if (faulty[static_cast<std::size_t>(n)]) continue;
+    switch (s.entry) {
+      case Entry::decode: {
+        const auto& c = std::get<DecodeCall>(p.call);
+        tokens(*c.out, n);
+        if (s.slots[n] >= 0) slot(*c.state, s.slots[n]);
+        break;
+      }
+      case Entry::prefill: {
+        const auto& c = std::get<PrefillCall>(p.call);
+        tokens(*c.out, n);
+        if (s.seq_lens[n] > 0) slot(*c.initial_state, s.slots[n]);
+        break;
+      }
+      case Entry::verify:
+        tokens(*p.verify->out, n);
+        if (s.slots[n] < 0) break;
+        for (i64 t = 0; t < s.seq_lens[n]; ++t) {
+          const i64 flat = scratch_slot(s, static_cast<std::size_t>(n), t);
+          if (flat >= 0) slot(*p.verify->scratch, flat);
+        }
+        break;
+      case Entry::commit:
+        if (s.slots[n] >= 0 && s.accepted[n] > 0) slot(*p.commit->state, s.slots[n]);
+        break;
+    }
+  }
+  return regions;
+}
+
+template <class F> void for_each_element_offset(const TensorView& t, F&& f) {
+  const i64 count = t.numel();
+  for (i64 i = 0; i < count; ++i) {
+    i64 rest = i, offset = t.storage_offset.count;
+    for (int d = t.rank - 1; d >= 0; --d) {
+      offset += (rest % t.shape[d]) * t.stride[d];
+      rest /= t.shape[d];
+    }
+    f(offset);
+  }
+}
+
+void check_planted(const GpuCase& c) {
+  HostProblem p = materialize(c.spec, c.data_seed);
+  const ProblemSpec& s = p.spec;
+  const IndexValues original = read_index_values(p.call);
+  const IndexValues planted = planted_values(c, original);
+  const std::vector<bool> faulty = faulty_rows(s, planted);
+
+  // The host verdict of the same call with the planted values as host copies.
+  AnyCall with_values = p.call;
+  for (const auto& [a, vals] : planted) (*find_argument(with_values, a))->values = vals;
+  const Verdict host = validate(with_values);
+  std::uint64_t expected_word = 0;
+  for (const Violation& v : host.violations) {
+    if (rule_info(v.rule).tier != Tier::value)
+      fuzz_failure(fmt::format("planted index values broke {}, not a value rule\n{}\n{}", rule_id(v.rule),
+                               describe(host), describe(s)));
+    expected_word |= value_checks::rule_bit(v.rule);
+  }
+  const bool any_faulty = std::find(faulty.begin(), faulty.end(), true) != faulty.end();
+  if (host.accepted() == any_faulty)
+    fuzz_failure(fmt::format("the host verdict ({}) and the faulty rows disagree\n{}",
+                             host.accepted() ? "accepted" : describe(host), describe(s)));
+
+  // The reference of the problem before planting: what the healthy rows must produce.
+  HostProblem ref = materialize(c.spec, c.data_seed);
+  ref.poison_outputs();
+  expect_status(reference::run(ref.call), s, "reference");
+
+  write_index_values(p.call, planted);
+  p.poison_outputs();
+  const Snapshot before = p.snapshot();
+  const DeviceImage image = upload(p);
+  const std::uint64_t word = run_on_device(p, p.call, image, c.chunks_per_block, entry_name(s.entry));
+  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
+  if (word != expected_word)
+    fuzz_failure(fmt::format("error word {:#x} ({}) but the host verdict's value rules are {:#x} ({})\n{}\n{}",
+                             word, gputest::rule_list(word), expected_word, gputest::rule_list(expected_word),
+                             describe(host), describe(s)));
+
+  // Healthy rows: written and close to the reference; every other byte as before.
+  std::vector<std::vector<bool>> writable;
+  for (const Allocation& a : p.allocations) writable.emplace_back(a.bytes(), false);
+  std::vector<double> got, want;
+  for (const TensorView& region : healthy_regions(p, faulty)) {
+    const Allocation* a = p.allocation_of(region);
+    auto& mask = writable[static_cast<std::size_t>(a - p.allocations.data())];
+    const i64 esize = element_size(region.dtype);
+    for_each_element_offset(region, [&](i64 offset) {
+      std::fill_n(mask.begin() + offset * esize, esize, true);
+    });
+    TensorView in_ref = region;  // the same elements in the reference problem's allocation
+    in_ref.address = ref.allocations[static_cast<std::size_t>(a - p.allocations.data())].address();
+    const std::vector<double> g = read_floats(region);
+    const std::vector<double> w = read_floats(in_ref);
+    for (double x : g)
+      if (std::isnan(x)) fuzz_failure(fmt::format("a row the guard passed left an output unwritten\n{}", describe(s)));
+    got.insert(got.end(), g.begin(), g.end());
+    want.insert(want.end(), w.begin(), w.end());
+  }
+  if (s.entry == Entry::commit) expect_identical(s, "committed slots of healthy rows", got, want);
+  else expect_close(s, "outputs and states of healthy rows", got, want);
+  std::string faulty_list;
+  for (std::size_t n = 0; n < faulty.size(); ++n)
+    if (faulty[n]) faulty_list += fmt::format(" {}", n);
+  for (std::size_t i = 0; i < p.allocations.size(); ++i) {
+    const Allocation& a = p.allocations[i];
+    for (std::size_t b = 0; b < a.bytes(); ++b)
+      if (!writable[i][b] && a.data()[b] != before.bytes[i][b])
+        fuzz_failure(fmt::format("{} byte {} changed, outside what the healthy rows may write "
+                                 "(faulty rows:{})\n{}", a.name(), b, faulty_list, describe(s)));
+  }
+}
+
+}  // namespace
+}  // namespace kdaguard::support
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (!kdaguard::gputest::have_sm90()) {
+    std::fprintf(stderr, "fuzz_gpu: no sm_90 CUDA device here; the GPU fuzz target has nothing to run on\n");
+    std::exit(77);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace kdaguard::support;
+  const auto mode = size > 0 && (data[0] & 1) ? GpuMode::planted : GpuMode::conformance;
+  // KDAGUARD_FUZZ_GPU_MODE=conformance|planted keeps one process on one mode (inputs of the other
+  // are refused, so its corpus holds only its own).
+  static const char* forced = std::getenv("KDAGUARD_FUZZ_GPU_MODE");
+  if (forced != nullptr && std::string(forced) != (mode == GpuMode::planted ? "planted" : "conformance"))
+    return -1;
+  FuzzedDataProvider bytes(size > 0 ? data + 1 : data, size > 0 ? size - 1 : 0);
+  FuzzChooser choose(bytes);
+  const GpuCase c = draw_gpu_case(mode, choose);
+  if (mode == GpuMode::planted) check_planted(c);
+  else check_conformance(c);
+  return 0;
+}
