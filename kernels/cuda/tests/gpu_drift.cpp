@@ -351,10 +351,11 @@ TEST(GpuDrift, LongHistoriesStayWithinTheBound) {
         EXPECT_LE(r.out_ratio, bound) << what << " after " << r.steps << " steps: out";
       }
       const Row& last = rows.back();
-      if (last.steps >= 8192)
+      if (last.steps >= 8192) {
         EXPECT_LE(last.state_ratio, 1.5 * early + 1e-6)
             << what << ": the state's error grew from " << early << " (up to 4096 steps) to "
             << last.state_ratio << " after " << last.steps;
+      }
       const auto mid = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.steps == 4096; });
       const Row shown = mid != rows.end() ? *mid : rows.front();
       fmt::print("drift | {:<14} | state {:<4} | gate {:<9} | {:>5} steps: state {:.3e} out {:.3e} | "
