@@ -52,5 +52,20 @@ RC_GTEST_PROP(ContractsAcceptValid, DefersExactlyTheValueRulesWithoutHostValues,
   RC_ASSERT(some_values_missing || verdict.deferred.empty());
 }
 
+
+// defers_value_rules (how callers such as the torch binding size the device guard without
+// validating) agrees with the verdict on every accepted call, whichever host copies of index
+// values were dropped.
+RC_GTEST_PROP(ContractsAcceptValid, DefersValueRulesAgreesWithTheVerdict, ()) {
+  auto g = *gen_any_call(PlanNeeds{.index_values = true});
+  for_each_argument(g.call, [&](Arg, OptionalView& v) {
+    if (v && v->values && *rc::gen::arbitrary<bool>()) v->values.reset();
+  });
+  const Verdict verdict = validate(g.call);
+  RC_ASSERT(verdict.accepted());
+  const bool predicted = std::visit([](const auto& c) { return defers_value_rules(c); }, g.call);
+  RC_ASSERT(predicted == !verdict.deferred.empty());
+}
+
 }  // namespace
 }  // namespace kdaguard::support

@@ -83,6 +83,13 @@ std::span<const RuleInfo> rule_catalogue() { return kCatalogue; }
 
 const RuleInfo& rule_info(RuleId rule) { return kCatalogue[static_cast<std::size_t>(rule)]; }
 
+bool value_rules_read(Entry entry, Arg arg, bool scratch_indices_given) {
+  if (arg == Arg::scratch_row_map && scratch_indices_given) return false;
+  for (const RuleInfo& rule : kCatalogue)
+    if (rule.tier == Tier::value && rule.applies_to(entry) && rule.reads(arg)) return true;
+  return false;
+}
+
 std::string_view rule_id(RuleId rule) { return rule_info(rule).id; }
 
 std::optional<RuleId> rule_from_id(std::string_view id) {

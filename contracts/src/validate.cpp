@@ -944,10 +944,10 @@ void check_values(const Context& ctx, Report& r) {
   const Entry e = ctx.entry;
   const bool verify_like = e == Entry::verify || e == Entry::commit;
   const Arg slot_map = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
-  // The row map is read only without scratch_indices.
-  const bool row_map_read = verify_like && !ctx.has(Arg::scratch_indices);
   for (Arg a : {Arg::cu_seqlens, slot_map, Arg::scratch_indices, Arg::accepted})
     check_value_input(ctx, a, r);
+  // Verify and commit read the row map only without scratch_indices.
+  const bool row_map_read = value_rules_read(e, Arg::scratch_row_map, ctx.has(Arg::scratch_indices));
   if (row_map_read) check_value_input(ctx, Arg::scratch_row_map, r);
 
   const i64 N = d.N.value_or(-1);

@@ -432,15 +432,13 @@ class CallDevice {
   std::optional<torch::stable::accelerator::DeviceGuard> guard_;
 };
 
-// Whether the device guard has work: some index tensor (i32/i64) came without a host copy of
-// its values, so its value rules are checked on the device.
-template <class Call> bool defers_values(const Call& call) {
-  bool defers = false;
-  Call::visit(call, [&](Arg, const OptionalView& view) {
-    if (view && (view->dtype == DType::i32 || view->dtype == DType::i64) && !view->values)
-      defers = true;
-  });
-  return defers;
+
+// Whether the call needs the guard's row flags: verify and prefill hand their guard kernel's
+// per-row verdicts to the main kernel through them; decode and commit judge their rows in the
+// kernel's prologue. Only calls that defer value rules to the device run a guard at all.
+template <class Call> bool needs_row_flags(const Call& call) {
+  return (Call::kEntry == Entry::verify || Call::kEntry == Entry::prefill) &&
+         defers_value_rules(call);
 }
 
 // Row flags for the device guard, one int32 per row, from torch's caching allocator on the
@@ -493,7 +491,7 @@ struct GuardedLaunch {
   template <class Call>
   GuardedLaunch(const Call& call, int device, const Tensor& error_word, int64_t rows,
                 int64_t chunks_per_block, cudaStream_t stream)
-      : row_flags(rows, defers_values(call)) {
+      : row_flags(rows, needs_row_flags(call)) {
     options.stream = stream;
     options.guard.error_word = error_word_address(Call::kEntry, error_word, device);
     options.guard.row_flags = row_flags.data();

@@ -68,6 +68,12 @@ const RuleInfo& rule_info(RuleId rule);
 std::string_view rule_id(RuleId rule);
 std::optional<RuleId> rule_from_id(std::string_view id);
 
+// Whether some value rule of entry point `entry` reads the values of index argument `arg` (the
+// catalogue's value-inputs column) in a call that does or does not pass scratch_indices: verify
+// and commit read scratch_row_map only without them. An index tensor that is read and passed
+// without a host copy of its values defers the rules that read it to the device.
+bool value_rules_read(Entry entry, Arg arg, bool scratch_indices_given);
+
 // The rules whose checks are in force: every rule, except in a build made for scripts/knockout.sh
 // (KDAGUARD_ENABLE_KNOCKOUT), where KDAGUARD_KNOCKOUT_RULE=<rule id> removes that rule's checks
 // from the host validators and from the device's row checks alike. One bit per rule

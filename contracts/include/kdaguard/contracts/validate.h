@@ -40,6 +40,23 @@ Verdict validate(const VerifyCall& call);
 Verdict validate(const CommitCall& call);
 Verdict validate(const AnyCall& call);
 
+// Whether validating the call defers value rules to the device: an index tensor that a value rule
+// of its entry point reads came without a host copy of its values. For an accepted call it equals
+// !validate(call).deferred.empty() (check_value_input defers by this test), without validating;
+// callers use it to provide the device guard's buffers only for calls that need them.
+template <class Call> bool defers_value_rules(const Call& call) {
+  bool scratch_indices_given = false;
+  Call::visit(call, [&](Arg arg, const OptionalView& view) {
+    if (arg == Arg::scratch_indices && view) scratch_indices_given = true;
+  });
+  bool defers = false;
+  Call::visit(call, [&](Arg arg, const OptionalView& view) {
+    if (view && !view->values && value_rules_read(Call::kEntry, arg, scratch_indices_given))
+      defers = true;
+  });
+  return defers;
+}
+
 // A readable multi-line summary: "rule (argument): message" per violation.
 std::string describe(const Verdict& verdict);
 
