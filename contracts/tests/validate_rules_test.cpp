@@ -326,6 +326,20 @@ TEST(Validate, VerdictDependsOnContentsNotOnAddress) {
   EXPECT_TRUE(validate(c).accepted());
 }
 
+// An output whose row stride is exactly the offset of a row's last element (head HV - 1,
+// element V - 1): row n + 1 begins on that element, so two elements share one address (and the
+// stride is not 16-byte aligned either). One element further apart, a whole row, is valid.
+TEST(Validate, OutputRowsMeetingAtOneElementOverlap) {
+  auto c = decode();
+  const std::int64_t row = c.out->shape[1] * c.out->shape[2];
+  c.out->stride[0] = row - 1;
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::arg_stride)) << describe(v);
+  EXPECT_TRUE(v.breaks(RuleId::arg_alignment)) << describe(v);
+  c.out->stride[0] = row;
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+}
+
 TEST(Validate, AbsurdNumbersAreErrorsNotCrashes) {
   auto c = decode();
   const std::int64_t big = std::numeric_limits<std::int64_t>::max();
