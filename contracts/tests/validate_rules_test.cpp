@@ -315,6 +315,26 @@ TEST(Validate, ReportsEveryViolationInADeterministicOrder) {
   EXPECT_EQ(describe(first), describe(second));
 }
 
+// Violations of one rule on several arguments come in argument order (Arg), not in the order the
+// checks run: verify checks cu_seqlens before cache_indices, commit scratch_row_map before it.
+TEST(Validate, OneRuleOnSeveralArgumentsInArgumentOrder) {
+  auto v = verify();
+  v.cu_seqlens->dtype = DType::i64;
+  v.cache_indices->dtype = DType::i64;
+  const Verdict verify_verdict = validate(v);
+  ASSERT_EQ(verify_verdict.violations.size(), 2u) << describe(verify_verdict);
+  EXPECT_EQ(verify_verdict.violations[0].argument, "cache_indices") << describe(verify_verdict);
+  EXPECT_EQ(verify_verdict.violations[1].argument, "cu_seqlens") << describe(verify_verdict);
+
+  auto c = commit();
+  c.scratch_row_map->dtype = DType::i64;
+  c.cache_indices->dtype = DType::i64;
+  const Verdict commit_verdict = validate(c);
+  ASSERT_EQ(commit_verdict.violations.size(), 2u) << describe(commit_verdict);
+  EXPECT_EQ(commit_verdict.violations[0].argument, "cache_indices") << describe(commit_verdict);
+  EXPECT_EQ(commit_verdict.violations[1].argument, "scratch_row_map") << describe(commit_verdict);
+}
+
 TEST(Validate, VerdictDependsOnContentsNotOnAddress) {
   // Same addresses, other values: other verdict (no caching by identity).
   auto c = decode();
