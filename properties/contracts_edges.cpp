@@ -129,8 +129,11 @@ RC_GTEST_PROP(ContractsEdges, OneWrongInnerStrideOfThePool, ()) {
       fmt::format("(V*K, K, 1)=({}, {}, 1)", V * K, K),
       fmt::format("got ({}, {}, {})", p.stride[1], p.stride[2], p.stride[3]),
       std::string(arg_name(a))};
-  if (dim == 3) texts.push_back(fmt::format("`{}` must be contiguous in the last dim.", arg_name(a)));
+  const std::string last_dim = fmt::format("`{}` must be contiguous in the last dim.", arg_name(a));
+  if (dim == 3) texts.push_back(last_dim);
   assert_only(g, RuleId::state_inner_strides, arg_name(a), texts);
+  // The upstream last-dim text only where the last stride is the wrong one.
+  if (dim != 3) RC_ASSERT(validate(g.call).violations[0].message.find(last_dim) == std::string::npos);
 }
 
 // A pool base 16 but not 32 bytes aligned: through the storage offset, or through the address.
