@@ -100,6 +100,21 @@ RC_GTEST_PROP(ContractsEdges, OutputHeadsOverlapWithPositiveStrides, ()) {
               {"maps two elements to one address", fmt::format("{}, 1)", out.stride[1])});
 }
 
+// Output token rows laid over each other in their last head: the row stride a multiple of 16
+// bytes between (HV - 1) heads and HV heads, so row n + 1's first head begins inside row n's last
+// one. Only the sum of every smaller dim's reach ((shape - 1) * stride each) sees it.
+RC_GTEST_PROP(ContractsEdges, OutputRowsOverlapInTheirLastHead, ()) {
+  const Entry e = *gen_entry(0b0111);
+  auto g = *gen_call(e, PlanNeeds{.min_tokens = 2, .min_heads_ratio = 2});
+  TensorView& out = view(g, Arg::out);
+  RC_PRE(out.shape[0] >= 2 && out.shape[1] >= 2);
+  const std::int64_t unit = 16 / element_size(out.dtype);  // keeps the 16-byte stride alignment
+  out.stride[0] = (out.shape[1] - 1) * out.stride[1] +
+                  unit * *rc::gen::inRange<std::int64_t>(0, out.shape[2] / unit);
+  assert_only(g, RuleId::arg_stride, "out",
+              {"maps two elements to one address", fmt::format("strides ({}, ", out.stride[0])});
+}
+
 // One inner stride of the pool wrong, the others compact: each on its own is the rule.
 RC_GTEST_PROP(ContractsEdges, OneWrongInnerStrideOfThePool, ()) {
   auto g = *gen_any_call();
@@ -114,8 +129,11 @@ RC_GTEST_PROP(ContractsEdges, OneWrongInnerStrideOfThePool, ()) {
       fmt::format("(V*K, K, 1)=({}, {}, 1)", V * K, K),
       fmt::format("got ({}, {}, {})", p.stride[1], p.stride[2], p.stride[3]),
       std::string(arg_name(a))};
-  if (dim == 3) texts.push_back(fmt::format("`{}` must be contiguous in the last dim.", arg_name(a)));
+  const std::string last_dim = fmt::format("`{}` must be contiguous in the last dim.", arg_name(a));
+  if (dim == 3) texts.push_back(last_dim);
   assert_only(g, RuleId::state_inner_strides, arg_name(a), texts);
+  // The upstream last-dim text only where the last stride is the wrong one.
+  if (dim != 3) RC_ASSERT(validate(g.call).violations[0].message.find(last_dim) == std::string::npos);
 }
 
 // A pool base 16 but not 32 bytes aligned: through the storage offset, or through the address.
@@ -240,14 +258,21 @@ RC_GTEST_PROP(ContractsEdges, SlotPastThePool, ()) {
 
 // Offsets below 0 up to some row of verify or commit: every row that begins below 0 is
 // attributed to seqlens.start, so none of them is judged for its length (verify.row_length), even
-// the one that reaches past T from below 0.
+// the one that reaches past T from below 0. That row begins at -1 (the edge) or further down.
 RC_GTEST_PROP(ContractsEdges, RowsBeginningBelowZeroAreTheStartAlone, ()) {
   const Entry e = *gen_entry(0b1100);
-  auto g = *gen_call(e, PlanNeeds{.min_rows = 2, .cu_seqlens = true, .index_values = true});
+  // At least 4 tokens or every row full: T_tot >= T (T is at most 4), so some offset is >= T.
+  auto g = *gen_call(e, PlanNeeds{.min_rows = 2, .min_tokens = 4, .cu_seqlens = true,
+                                  .index_values = true});
   std::vector<std::int64_t>& cu = *view(g, Arg::cu_seqlens).values;
   const std::int64_t T = g.plan.T;
-  const auto below = *rc::gen::inRange<std::size_t>(1, cu.size() - 1);  // cu[0..below) < 0
-  cu[below - 1] = -T - 1;  // row below - 1 ends below 0; row `below` holds more than T tokens
+  std::vector<std::size_t> past_T;  // offsets a row beginning at -1 reaches past T with
+  for (std::size_t i = 1; i < cu.size(); ++i)
+    if (cu[i] >= T) past_T.push_back(i);
+  RC_ASSERT(!past_T.empty());
+  const std::size_t below = *rc::gen::elementOf(past_T);  // cu[0..below) < 0
+  // Row below - 1 holds more than T tokens, from -1 or from further down.
+  cu[below - 1] = *rc::gen::arbitrary<bool>() ? -1 : -T - 1 - *rc::gen::inRange<std::int64_t>(0, 3);
   for (std::size_t i = below - 1; i-- > 0;) cu[i] = cu[i + 1] - *rc::gen::inRange<std::int64_t>(0, 3);
   if (e == Entry::commit)
     for (std::int64_t& accepted : *view(g, Arg::accepted).values) accepted = 0;

@@ -315,6 +315,26 @@ TEST(Validate, ReportsEveryViolationInADeterministicOrder) {
   EXPECT_EQ(describe(first), describe(second));
 }
 
+// Violations of one rule on several arguments come in argument order (Arg), not in the order the
+// checks run: verify checks cu_seqlens before cache_indices, commit scratch_row_map before it.
+TEST(Validate, OneRuleOnSeveralArgumentsInArgumentOrder) {
+  auto v = verify();
+  v.cu_seqlens->dtype = DType::i64;
+  v.cache_indices->dtype = DType::i64;
+  const Verdict verify_verdict = validate(v);
+  ASSERT_EQ(verify_verdict.violations.size(), 2u) << describe(verify_verdict);
+  EXPECT_EQ(verify_verdict.violations[0].argument, "cache_indices") << describe(verify_verdict);
+  EXPECT_EQ(verify_verdict.violations[1].argument, "cu_seqlens") << describe(verify_verdict);
+
+  auto c = commit();
+  c.scratch_row_map->dtype = DType::i64;
+  c.cache_indices->dtype = DType::i64;
+  const Verdict commit_verdict = validate(c);
+  ASSERT_EQ(commit_verdict.violations.size(), 2u) << describe(commit_verdict);
+  EXPECT_EQ(commit_verdict.violations[0].argument, "cache_indices") << describe(commit_verdict);
+  EXPECT_EQ(commit_verdict.violations[1].argument, "scratch_row_map") << describe(commit_verdict);
+}
+
 TEST(Validate, VerdictDependsOnContentsNotOnAddress) {
   // Same addresses, other values: other verdict (no caching by identity).
   auto c = decode();
@@ -324,6 +344,20 @@ TEST(Validate, VerdictDependsOnContentsNotOnAddress) {
   EXPECT_FALSE(validate(c).accepted());
   c.cache_indices->values = {{3, 7, -1, 0}};
   EXPECT_TRUE(validate(c).accepted());
+}
+
+// An output whose row stride is exactly the offset of a row's last element (head HV - 1,
+// element V - 1): row n + 1 begins on that element, so two elements share one address (and the
+// stride is not 16-byte aligned either). One element further apart, a whole row, is valid.
+TEST(Validate, OutputRowsMeetingAtOneElementOverlap) {
+  auto c = decode();
+  const std::int64_t row = c.out->shape[1] * c.out->shape[2];
+  c.out->stride[0] = row - 1;
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::arg_stride)) << describe(v);
+  EXPECT_TRUE(v.breaks(RuleId::arg_alignment)) << describe(v);
+  c.out->stride[0] = row;
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
 }
 
 TEST(Validate, AbsurdNumbersAreErrorsNotCrashes) {
@@ -485,6 +519,126 @@ TEST(ValueSemantics, ACallWithoutTokensJudgesItsOffsetAgainstZero) {
                                       : std::set<RuleId>{RuleId::seqlens_start, RuleId::seqlens_total};
     EXPECT_EQ(fired_rules(v), expected) << describe(v);
   }
+}
+
+}  // namespace
+}  // namespace kdaguard
+
+#include "kdaguard/contracts/row_rules.h"
+
+namespace kdaguard {
+namespace {
+
+using namespace examples;
+
+std::set<std::string> arguments_of(const Verdict& v) {
+  std::set<std::string> arguments;
+  for (const Violation& x : v.violations) arguments.insert(std::string(x.argument));
+  return arguments;
+}
+
+// A size of -1 is a negative size like any other: the dimension it would define (B from q) stays
+// unknown, so no other argument is compared against it.
+TEST(EdgeValues, SizeMinusOneDefinesNoDimension) {
+  auto c = decode();
+  c.q->shape[0] = -1;
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::arg_shape)) << describe(v);
+  EXPECT_EQ(arguments_of(v), std::set<std::string>{"q"}) << describe(v);
+}
+
+// A rank of -1 is reported as the rank alone: nothing of the view is read past it, not even its
+// offset (one before its allocation here; a view of rank 0 is still checked for its extent).
+TEST(EdgeValues, RankMinusOneIsTheRankAlone) {
+  auto c = decode();
+  c.q->rank = -1;
+  c.q->storage_offset = Elements{-8};
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::arg_rank);
+  EXPECT_EQ(v.violations[0].argument, "q");
+}
+
+// A scratch of one row has no row stride to flatten: any stride[0] is valid.
+TEST(EdgeValues, OneScratchRowHasAFreeRowStride) {
+  Shape s = verify_shape();
+  s.rows = 4;
+  VerifyCall c;
+  fill_token_inputs(c, s);
+  c.cu_seqlens = index_view({0, 4});
+  c.state = pool(DType::f32, s, 6);
+  c.cache_indices = index_view({1});
+  c.scratch = scratch(s, 1, 4);
+  c.scratch_row_map = index_view({0});
+  c.scalars.draft_token_num = 4;
+  ASSERT_TRUE(validate(c).accepted()) << describe(validate(c));
+  c.scratch->stride[0] = 4 * c.scratch->stride[1] + 16;
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+}
+
+// Commit takes K from the state pool: a scratch of another K is its shape's fault.
+TEST(EdgeValues, CommitScratchOfAnotherHeadDim) {
+  auto c = commit();
+  const Shape s = verify_shape();
+  c.scratch = view(DType::f32, {4, 4, s.HV, s.V, 2 * s.K});
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::arg_shape);
+  EXPECT_EQ(v.violations[0].argument, "scratch");
+}
+
+// An out-of-range scratch index names its row and its step, in that order.
+TEST(EdgeValues, ScratchIndexOutOfRangeNamesRowThenStep) {
+  auto c = verify();
+  TensorView si = TensorView::contiguous(DType::i32, {3, 4});
+  si.values = {{0, 1, 2, 3, 4, 5, 99, 7, 8, 9, 10, 11}};  // row 1, step 2
+  c.scratch_indices = si;
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::index_range);
+  EXPECT_EQ(v.violations[0].message, "scratch_indices[1, 2] = 99 is outside [-1, 16)");
+}
+
+// An ordered row that ends past the tokens, while cu_seqlens[N] is T_tot: the offsets come back
+// down, so that is seqlens.monotone's alone, not seqlens.total's.
+TEST(EdgeValues, OffsetsPastTheTokensBeforeADecreaseAreMonotoneOnly) {
+  auto c = verify();
+  c.cu_seqlens->values = {{0, 10, 11, 9}};
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), std::set<RuleId>{RuleId::seqlens_monotone}) << describe(v);
+}
+
+// A decrease at the first offset is reported like any other, quoting offsets 0 and 1.
+TEST(EdgeValues, DecreaseAtTheFirstOffset) {
+  auto c = verify();
+  c.cu_seqlens->values = {{0, -1, 6, 9}};
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::seqlens_monotone);
+  EXPECT_EQ(v.violations[0].message,
+            "cu_seqlens decreases: cu_seqlens[0] = 0 > cu_seqlens[1] = -1");
+}
+
+// A view whose extent fails is judged for nothing that needs its span: an output before its
+// allocation whose rows also share addresses is arg.extent's alone.
+TEST(EdgeValues, AnOutputOutsideItsAllocationIsNotJudgedForOverlap) {
+  auto c = decode();
+  c.out->storage_offset = Elements{-8};
+  c.out->stride[0] = 0;
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::arg_extent);
+  EXPECT_EQ(v.violations[0].argument, "out");
+}
+
+// The row function's mask (the device reports it as is): a row that begins below 0 under an
+// ordered cu_seqlens is seqlens.start's, since cu_seqlens[0] is then below 0 too.
+TEST(EdgeValues, RowBeginningBelowZeroMasksTheStart) {
+  const std::vector<std::int64_t> cu = {-3, -1, 2};
+  const row_rules::HostIndex index{cu.data(), 0, true};
+  const row_rules::VerifyRows<row_rules::HostIndex> rows{2, 2, 4, 0, 0, index, {}, {}, {}};
+  EXPECT_EQ(row_rules::row_faults(rows, 0), row_rules::bit(RuleId::seqlens_start));
+  EXPECT_EQ(row_rules::row_faults(rows, 1), row_rules::bit(RuleId::seqlens_start));
 }
 
 }  // namespace
