@@ -12,7 +12,7 @@ if(BUILD_TESTING)
     add_executable(${name} ${src})
     # tests/gpu_support.h: the GPU tests' shared helpers (device checks, CUDA-graph capture).
     target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_LIST_DIR}
-                               ${CMAKE_CURRENT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR}/tests)
+                               ${CMAKE_CURRENT_SOURCE_DIR}/common ${CMAKE_CURRENT_SOURCE_DIR}/tests)
     target_link_libraries(${name} PRIVATE kdaguard::kernels kdaguard_testsupport rapidcheck_gtest
                           rapidcheck GTest::gtest_main fmt::fmt CUDA::cudart_static)
     # The binaries travel to the GPU machine, whose system libstdc++ may be older.

@@ -1,6 +1,6 @@
 // The device guard of prefill: guard_kernel.cuh's kernel over the sequences (one block each;
 // row_flags[n] non-zero = the prefill kernels skip sequence n).
-#include "guard_kernel.cuh"
+#include "guard/guard_kernel.cuh"
 #include "prefill_launch.h"
 
 namespace kdaguard::gpu::detail {

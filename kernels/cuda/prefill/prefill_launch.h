@@ -28,7 +28,7 @@
 #include <string>
 
 #include "kdaguard/params.h"
-#include "../src/launch.h"  // GuardState: src/ is the sibling folder of the decode/verify/commit kernels
+#include "launch.h"  // GuardState (common/)
 
 namespace kdaguard::gpu::detail {
 

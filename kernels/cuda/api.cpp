@@ -12,7 +12,7 @@
 #include "kdaguard/contracts/supported.h"
 #include "kdaguard/lower.h"
 #include "launch.h"
-#include "prefill_launch.h"
+#include "prefill/prefill_launch.h"
 
 namespace kdaguard::gpu {
 namespace {

@@ -16,18 +16,20 @@
 // cursor enters the head. So about 8 KB per warp are in flight without holding registers, and a
 // warp waits on memory only when the whole ring is behind. Launched with programmatic stream
 // serialisation, a call's blocks are resident when the previous kernel on the stream finishes.
+#pragma once
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 
-#include "bulk_copy.cuh"
-#include "dispatch.cuh"
+#include "decode/bulk_copy.cuh"
+#include "decode/decode_launch.h"
+#include "decode/warp_rows.cuh"
 #include "kernel_residency.h"
 #include "launch.h"
 #include "recurrent.cuh"
 #include "row_checks.cuh"
-#include "warp_rows.cuh"
 
 namespace kdaguard::gpu::detail {
 namespace {
@@ -315,46 +317,40 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinBlocksPerSm)
 
 }  // namespace
 
-cudaError_t launch_decode(const DecodeParams& p, GuardState guard, int chunks_per_block,
-                          cudaStream_t stream) {
-  return dispatch_tile(p.in.io_dtype, p.state.dtype, p.in.K,
-                       [&]<class IO, class ST, int K>() -> cudaError_t {
-                         using Tile = WarpTile<ST, K>;
-                         constexpr auto kernel = decode_kernel<IO, ST, K>;
-                         const int chunks_per_head = p.in.V / Tile::kChunkRows;
-                         // A warp's two head buffers are refilled safely only when a head spans
-                         // at least kStages - 1 chunks (the fewest: 4, V = 64 with bf16 state and
-                         // K = 64, 16 rows per chunk).
-                         if (p.in.V % Tile::kChunkRows != 0 || chunks_per_head < kStages - 1)
-                           return cudaErrorInvalidValue;
-                         const std::int64_t chunks =
-                             static_cast<std::int64_t>(p.batch) * p.in.HV * chunks_per_head;
-                         if (chunks == 0) return cudaSuccess;
-                         int resident = 0;
-                         if (const cudaError_t e = ready_kernel<kernel>(
-                                 kDecodeThreads, kSharedBytes<IO>, resident);
-                             e != cudaSuccess)
-                           return e;
-                         const int per_warp = chunks_per_block > 0 ? chunks_per_block : kChunksPerWarp;
-                         const std::int64_t warps_wanted = (chunks + per_warp - 1) / per_warp;
-                         std::int64_t blocks = (warps_wanted + kDecodeWarps - 1) / kDecodeWarps;
-                         // Fewer chunks than the resident grid's warps x kChunksPerWarp: spread
-                         // them over the whole resident grid (small batches want every SM).
-                         if (chunks_per_block <= 0 && resident > 0 && blocks < resident)
-                           blocks = std::min<std::int64_t>(resident, (chunks + kDecodeWarps - 1) / kDecodeWarps);
-                         if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-                         cudaLaunchConfig_t config{};
-                         config.gridDim = dim3(static_cast<unsigned>(blocks));
-                         config.blockDim = dim3(kDecodeThreads);
-                         config.dynamicSmemBytes = kSharedBytes<IO>;
-                         config.stream = stream;
-                         cudaLaunchAttribute attribute{};
-                         attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                         attribute.val.programmaticStreamSerializationAllowed = 1;
-                         config.attrs = &attribute;
-                         config.numAttrs = 1;
-                         return cudaLaunchKernelEx(&config, kernel, p, guard);
-                       });
+template <class IO, class ST, int K>
+cudaError_t launch_decode_tile(const DecodeParams& p, GuardState guard, int chunks_per_block,
+                               cudaStream_t stream) {
+  using Tile = WarpTile<ST, K>;
+  constexpr auto kernel = decode_kernel<IO, ST, K>;
+  const int chunks_per_head = p.in.V / Tile::kChunkRows;
+  // A warp's two head buffers are refilled safely only when a head spans at least kStages - 1
+  // chunks (the fewest: 4, V = 64 with bf16 state and K = 64, 16 rows per chunk).
+  if (p.in.V % Tile::kChunkRows != 0 || chunks_per_head < kStages - 1) return cudaErrorInvalidValue;
+  const std::int64_t chunks = static_cast<std::int64_t>(p.batch) * p.in.HV * chunks_per_head;
+  if (chunks == 0) return cudaSuccess;
+  int resident = 0;
+  if (const cudaError_t e = ready_kernel<kernel>(kDecodeThreads, kSharedBytes<IO>, resident);
+      e != cudaSuccess)
+    return e;
+  const int per_warp = chunks_per_block > 0 ? chunks_per_block : kChunksPerWarp;
+  const std::int64_t warps_wanted = (chunks + per_warp - 1) / per_warp;
+  std::int64_t blocks = (warps_wanted + kDecodeWarps - 1) / kDecodeWarps;
+  // Fewer chunks than the resident grid's warps x kChunksPerWarp: spread them over the whole
+  // resident grid (small batches want every SM).
+  if (chunks_per_block <= 0 && resident > 0 && blocks < resident)
+    blocks = std::min<std::int64_t>(resident, (chunks + kDecodeWarps - 1) / kDecodeWarps);
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = kSharedBytes<IO>;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p, guard);
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -1,0 +1,18 @@
+// The verify kernel's launcher for one (IO element type, state element type, K): defined in
+// verify_kernel.cuh and instantiated once per translation unit (kernels/cuda/instantiations.cmake
+// generates them from contracts/supported.h); launch_verify (verify.cu) dispatches to it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kdaguard/params.h"
+#include "launch.h"
+
+namespace kdaguard::gpu::detail {
+
+// See launch_verify (launch.h); returns the launch's cudaError_t and never synchronises.
+template <class IO, class ST, int K>
+cudaError_t launch_verify_tile(const VerifyParams& p, GuardState guard, int chunks_per_block,
+                               cudaStream_t stream);
+
+}  // namespace kdaguard::gpu::detail
