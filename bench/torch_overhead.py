@@ -7,11 +7,14 @@ difference to the C++ gpu::decode figure: that difference is the binding's own h
 
 The call is the one bench_decode_host.cu describes: H = 2, HV = 8, K = V = 128, bf16 q/k/v
 sliced from one packed projection, raw gate a, A_log, dt_bias, beta logits b, an f32 envelope pool
-of 32 slots, one row, index values on the device (so the guard kernel runs). kdaguard.ops.decode
-gets SGLang's layouts (a [B, HV*K], A_log [1, 1, HV, 1]); the raw op gets the contract's views.
+of 32 slots, one row, index values on the device (so the device guard runs, in the decode
+kernel's prologue). kdaguard.ops.decode gets SGLang's layouts (a [B, HV*K], A_log
+[1, 1, HV, 1]); the raw op gets the contract's views.
 
-Each figure: host time of bursts of --burst calls (the stream drained between bursts, outside the
-timed region), summed over --bursts bursts, as us per call; the median of --reps repetitions.
+Each figure: host time of --bursts bursts of --burst calls (the stream drained between bursts,
+outside the timed region), as us per call. Every repetition runs the C++ binary once and then every
+variant, so that a drift of the host's speed shifts all rows alike; a row's difference is the
+median over repetitions of its difference to the same repetition's C++ gpu::decode.
 
     PYTHONPATH=build-release/python python3 bench/torch_overhead.py \\
         --cxx build-release/bench/bench_decode_host
@@ -34,21 +37,19 @@ from kdaguard import ops
 B, H, HV, K, V, SLOTS = 1, 2, 8, 128, 128, 32
 
 
-def cxx_medians(binary: str, reps: int) -> dict[str, float]:
-    """Median host us per call of each benchmark in bench_decode_host."""
-    run = subprocess.run([binary, f"--benchmark_repetitions={reps}", "--benchmark_format=json",
-                          "--benchmark_report_aggregates_only=true"],
-                         check=True, capture_output=True, text=True)
+def cxx_once(binary: str) -> dict[str, float]:
+    """Host us per call of each benchmark in bench_decode_host, one repetition."""
+    run = subprocess.run([binary, "--benchmark_format=json"], check=True, capture_output=True,
+                         text=True)
     report = json.loads(run.stdout)
-    medians = {}
+    times = {}
     for bench in report["benchmarks"]:
         if bench.get("error_occurred"):
             raise SystemExit(f"{bench['name']}: {bench.get('error_message')}")
-        if bench.get("aggregate_name") == "median":
-            medians[bench["run_name"].split("/")[0]] = bench["real_time"]  # us (the Unit)
-    if not {"BM_DecodeHost", "BM_CanImplementHost"} <= medians.keys():
-        raise SystemExit(f"{binary} reported no medians:\n{run.stdout[:4000]}{run.stderr[:4000]}")
-    return medians
+        times[bench["run_name"].split("/")[0]] = bench["real_time"]  # us (the Unit)
+    if not {"BM_DecodeHost", "BM_CanImplementHost"} <= times.keys():
+        raise SystemExit(f"{binary} reported no times:\n{run.stdout[:4000]}{run.stderr[:4000]}")
+    return times
 
 
 def problem(device):
@@ -67,22 +68,17 @@ def problem(device):
                 cache_indices=torch.tensor([5], dtype=torch.int32, device=device))
 
 
-def host_us(fn, *, burst: int, bursts: int, reps: int) -> float:
-    """Median over reps of the host time per call of `bursts` bursts of `burst` calls."""
-    for _ in range(3 * burst):
-        fn()
-    torch.cuda.synchronize()
-    per_rep = []
-    for _ in range(reps):
-        total = 0
-        for _ in range(bursts):
-            start = time.perf_counter_ns()
-            for _ in range(burst):
-                fn()
-            total += time.perf_counter_ns() - start
-            torch.cuda.synchronize()
-        per_rep.append(total / (bursts * burst) / 1e3)
-    return statistics.median(per_rep)
+def host_us(fn, *, burst: int, bursts: int) -> float:
+    """Host time per call of `bursts` bursts of `burst` calls (the stream drained between
+    bursts, outside the timed region)."""
+    total = 0
+    for _ in range(bursts):
+        start = time.perf_counter_ns()
+        for _ in range(burst):
+            fn()
+        total += time.perf_counter_ns() - start
+        torch.cuda.synchronize()
+    return total / (bursts * burst) / 1e3
 
 
 def main() -> int:
@@ -96,7 +92,6 @@ def main() -> int:
         print("torch_overhead: needs a CUDA device and a kdaguard module with the CUDA kernels")
         return 1
 
-    cxx = cxx_medians(args.cxx, args.reps)
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     p = problem(device)
@@ -137,25 +132,38 @@ def main() -> int:
          lambda: ops.decode(q, k, v, a=a, A_log=A_log, dt_bias=dt_bias, b=b, state=state,
                             cache_indices=idx, use_qk_l2norm=True)),
     ]
-    timing = dict(burst=args.burst, bursts=args.bursts, reps=args.reps)
-    base = cxx["BM_DecodeHost"]
+    variants.append(("kdaguard.ops.decode as above, under no_grad instead of inference_mode",
+                     ops_decode))
+    modes = [torch.inference_mode] * (len(variants) - 1) + [torch.no_grad]
+    # the host's speed drifts over a run: each repetition times the C++ call and every row
+    for (_, fn), mode in zip(variants, modes):
+        with mode():
+            for _ in range(3 * args.burst):
+                fn()
+    torch.cuda.synchronize()
+    cxx_runs, runs = [], [[] for _ in variants]
+    for _ in range(args.reps):
+        cxx_runs.append(cxx_once(args.cxx))
+        for i, ((_, fn), mode) in enumerate(zip(variants, modes)):
+            with mode():
+                runs[i].append(host_us(fn, burst=args.burst, bursts=args.bursts))
+    base = [c["BM_DecodeHost"] for c in cxx_runs]
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, Python "
           f"{sys.version.split()[0]}, kdaguard {kdaguard.__version__}")
-    print(f"B = {B}, H = {H}, HV = {HV}, K = V = {K}; host us per call, median of {args.reps} "
-          f"repetitions of {args.bursts} bursts of {args.burst} calls")
+    print(f"B = {B}, H = {H}, HV = {HV}, K = V = {K}; host us per call of {args.bursts} bursts "
+          f"of {args.burst} calls; medians of {args.reps} repetitions, each timing every row")
     print(f"{'call':72s} {'us/call':>8s} {'- C++ decode':>13s}")
 
-    def row(name, us):
-        print(f"{name:72s} {us:8.2f} {us - base:+13.2f}", flush=True)
+    def row(name, times):
+        diffs = [t - c for t, c in zip(times, base)]
+        print(f"{name:72s} {statistics.median(times):8.2f} {statistics.median(diffs):+13.2f}",
+              flush=True)
 
     row("C++ gpu::decode (kda.h)", base)
-    row("C++ gpu::can_implement (validation only)", cxx["BM_CanImplementHost"])
-    with torch.inference_mode():
-        for name, fn in variants:
-            row(name, host_us(fn, **timing))
-    with torch.no_grad():
-        row("kdaguard.ops.decode as above, under no_grad instead of inference_mode",
-            host_us(ops_decode, **timing))
+    row("C++ gpu::can_implement (validation only)",
+        [c["BM_CanImplementHost"] for c in cxx_runs])
+    for (name, _), times in zip(variants, runs):
+        row(name, times)
     torch.cuda.synchronize()
     ops.check_error_word(word)
     ops.check_error_word(ops.error_word(device))

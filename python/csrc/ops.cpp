@@ -534,12 +534,16 @@ DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const T
   return call;
 }
 
-void decode_cpu(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
-                OptTensor dt_bias, OptTensor b, OptTensor beta, Tensor state,
-                Tensor cache_indices, OptTensor cu_seqlens, Tensor out, Tensor /*error_word*/,
-                std::optional<double> scale, std::optional<double> lower_bound,
-                bool use_qk_l2norm, OptTensor /*cache_indices_cpu*/,
-                int64_t /*chunks_per_block*/) {
+// The decode entry points take their tensors by reference: TORCH_BOX unboxes every argument
+// into a tuple and calls with it, so a by-value parameter would copy (and release) one more
+// shared handle per tensor on every call.
+void decode_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& a,
+                const OptTensor& g, const OptTensor& A_log, const OptTensor& dt_bias,
+                const OptTensor& b, const OptTensor& beta, const Tensor& state,
+                const Tensor& cache_indices, const OptTensor& cu_seqlens, const Tensor& out,
+                const Tensor& /*error_word*/, std::optional<double> scale,
+                std::optional<double> lower_bound, bool use_qk_l2norm,
+                const OptTensor& /*cache_indices_cpu*/, int64_t /*chunks_per_block*/) {
   CallBuilder c(Entry::decode);
   DecodeCall call = decode_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices,
                                 cu_seqlens, out, scale, lower_bound, use_qk_l2norm);
@@ -547,11 +551,13 @@ void decode_cpu(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTenso
   if (Status s = reference::decode(call); !s.ok()) raise(Entry::decode, s);
 }
 
-void decode_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
-                 OptTensor dt_bias, OptTensor b, OptTensor beta, Tensor state,
-                 Tensor cache_indices, OptTensor cu_seqlens, Tensor out, Tensor error_word,
-                 std::optional<double> scale, std::optional<double> lower_bound,
-                 bool use_qk_l2norm, OptTensor cache_indices_cpu, int64_t chunks_per_block) {
+void decode_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& a,
+                 const OptTensor& g, const OptTensor& A_log, const OptTensor& dt_bias,
+                 const OptTensor& b, const OptTensor& beta, const Tensor& state,
+                 const Tensor& cache_indices, const OptTensor& cu_seqlens, const Tensor& out,
+                 const Tensor& error_word, std::optional<double> scale,
+                 std::optional<double> lower_bound, bool use_qk_l2norm,
+                 const OptTensor& cache_indices_cpu, int64_t chunks_per_block) {
 #ifdef KDAGUARD_TORCH_CUDA
   CallBuilder c(Entry::decode);
   DecodeCall call = decode_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices,
@@ -573,11 +579,12 @@ void decode_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTens
 #endif
 }
 
-std::string can_decode(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
-                       OptTensor dt_bias, OptTensor b, OptTensor beta, Tensor state,
-                       Tensor cache_indices, OptTensor cu_seqlens, Tensor out,
-                       std::optional<double> scale, std::optional<double> lower_bound,
-                       bool use_qk_l2norm) {
+std::string can_decode(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& a,
+                       const OptTensor& g, const OptTensor& A_log, const OptTensor& dt_bias,
+                       const OptTensor& b, const OptTensor& beta, const Tensor& state,
+                       const Tensor& cache_indices, const OptTensor& cu_seqlens,
+                       const Tensor& out, std::optional<double> scale,
+                       std::optional<double> lower_bound, bool use_qk_l2norm) {
   try {
     CallBuilder c(Entry::decode);
     DecodeCall call = decode_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, state,

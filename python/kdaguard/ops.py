@@ -76,7 +76,7 @@ def warm_up(device, *, K: int, V: int, io_dtype: torch.dtype, state_dtype: torch
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     for entry in entries:
-        _run(_ops.prepare.default, entry, K, V, io_dtype, state_dtype, index)
+        _run(_ops.prepare.default, None, (entry, K, V, io_dtype, state_dtype, index))
     error_word(torch.device("cuda", index))
 
 
@@ -98,30 +98,27 @@ def prefill_workspace(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: i
 
 
 # An eager call through an OpOverload first scans every argument for __torch_function__
-# overrides, at about as much host time as the rest of the dispatch for a B = 1 decode. Where that
-# scan can find nothing (no torch function mode is active and every argument is a plain tensor, a
-# Parameter, whose override is disabled, or a builtin scalar), the op is called through its
-# dispatcher handle directly, with the same boxing, dispatch keys and kernels.
+# overrides, in Python, at about as much host time as the rest of the dispatch for a B = 1
+# decode. Where nothing can override the call (torch._C._has_torch_function, torch's own test in
+# C: no torch function mode is active and no argument is a tensor subclass with an override; a
+# Parameter's is disabled), the op is called through its dispatcher handle directly, with the
+# same boxing, dispatch keys and kernels. The handles are looked up once here: an OpOverload
+# hashes in Python.
 _call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
-_torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
-_handles = ({op: op._handle for op in (_decode, _prefill, _verify, _commit)}
-            if _call_boxed is not None and _torch_function_mode is not None else {})
-_SCAN_FREE = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float})
+_has_torch_function = getattr(torch._C, "_has_torch_function", None)
+_direct = _call_boxed is not None and _has_torch_function is not None
+_decode_handle, _prefill_handle, _verify_handle, _commit_handle = (
+    op._handle if _direct else None for op in (_decode, _prefill, _verify, _commit))
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
 
 
-def _scan_free(args):
-    for arg in args:
-        if type(arg) not in _SCAN_FREE:
-            return False
-    return not _torch_function_mode()
-
-
-def _run(op, *args):
-    if torch.compiler.is_compiling():
+def _run(op, handle, args):
+    # `args` is one tuple, so the arguments are packed once between the entry point and the op
+    if _is_compiling():
         return op(*args)
     try:
-        handle = _handles.get(op)
-        if handle is not None and _scan_free(args):
+        if handle is not None and not _has_torch_function(args):
             return _call_boxed(handle, *args)
         return op(*args)
     except (ValueError, RuntimeError) as e:
@@ -173,17 +170,22 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
     output and no state access. Returns out ``[B, HV, V]``."""
     if state_layout != "vk":
         _refuse_layout("decode", state_layout)
-    if torch.is_grad_enabled():
+    if _is_grad_enabled():
         _refuse_grad("decode", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
                                 "state": state})
     if error_word is None:
         error_word = _default_error_word(q.device)
     out = _new_out(v) if out is None else out
     # the schema's trailing defaults are left to the dispatcher: each one passed costs host time
-    trailing = (() if cache_indices_cpu is None and chunks_per_block == 0
-                else (cache_indices_cpu, chunks_per_block))
-    _run(_decode, q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
-         error_word, scale, lower_bound, use_qk_l2norm, *trailing)
+    if cache_indices_cpu is None and chunks_per_block == 0:
+        _run(_decode, _decode_handle,
+             (q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
+              error_word, scale, lower_bound, use_qk_l2norm))
+    else:
+        _run(_decode, _decode_handle,
+             (q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
+              error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu,
+              chunks_per_block))
     return _rows(out)
 
 
@@ -201,9 +203,10 @@ def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None
     if error_word is None:
         error_word = _default_error_word(q.device)
     out = _new_out(v) if out is None else out
-    _run(_prefill, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, initial_state,
-         initial_state_indices, out, error_word, workspace, scale, lower_bound, use_qk_l2norm,
-         cu_seqlens_cpu, initial_state_indices_cpu)
+    _run(_prefill, _prefill_handle,
+         (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, initial_state,
+          initial_state_indices, out, error_word, workspace, scale, lower_bound, use_qk_l2norm,
+          cu_seqlens_cpu, initial_state_indices_cpu))
     return _rows(out)
 
 
@@ -221,9 +224,10 @@ def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_nu
     if error_word is None:
         error_word = _default_error_word(q.device)
     out = _new_out(v) if out is None else out
-    _run(_verify, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices,
-         scratch, scratch_row_map, scratch_indices, out, error_word, draft_token_num, scale,
-         lower_bound, use_qk_l2norm, cu_seqlens_cpu, cache_indices_cpu, chunks_per_block)
+    _run(_verify, _verify_handle,
+         (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, scratch,
+          scratch_row_map, scratch_indices, out, error_word, draft_token_num, scale, lower_bound,
+          use_qk_l2norm, cu_seqlens_cpu, cache_indices_cpu, chunks_per_block))
     return _rows(out)
 
 
@@ -234,8 +238,9 @@ def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_
         _refuse_layout("commit", state_layout)
     if error_word is None:
         error_word = _default_error_word(state.device)
-    _run(_commit, scratch, scratch_row_map, scratch_indices, state, cache_indices, accepted,
-         cu_seqlens, error_word, draft_token_num)
+    _run(_commit, _commit_handle,
+         (scratch, scratch_row_map, scratch_indices, state, cache_indices, accepted, cu_seqlens,
+          error_word, draft_token_num))
 
 
 class Verdict(NamedTuple):

@@ -194,6 +194,33 @@ def test_torch_function_modes_and_overrides_still_see_the_ops():
     assert torch.equal(got, expect)
 
 
+
+def test_eager_calls_skip_the_python_scan_only_where_nothing_can_override(monkeypatch):
+    # kdaguard.ops calls the dispatcher handle directly (no __torch_function__ scan in Python)
+    # for plain tensors and Parameters, and goes through the OpOverload for anything else
+    direct = []
+    call_boxed = ops._call_boxed
+    monkeypatch.setattr(ops, "_call_boxed", lambda *args: direct.append(1) or call_boxed(*args))
+
+    class Tagged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return super().__torch_function__(func, types, args, kwargs)
+
+    class Passing(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    p = decode_problem(B=2, padding=False)
+    ops.decode(**{**p, "state": p["state"].clone()})
+    ops.decode(**{**p, "state": p["state"].clone(),
+                  "dt_bias": torch.nn.Parameter(p["dt_bias"], requires_grad=False)})
+    assert len(direct) == 2
+    ops.decode(**{**p, "state": p["state"].clone(), "dt_bias": p["dt_bias"].as_subclass(Tagged)})
+    with Passing():
+        ops.decode(**{**p, "state": p["state"].clone()})
+    assert len(direct) == 2
+
 def prefill_problem(*, lens=(5, 0, 17), H=1, HV=2, K=64, V=128, io=torch.bfloat16,
                     state_dtype=torch.float32, S=6, seed=1):
     gen = torch.Generator().manual_seed(seed)
