@@ -413,14 +413,15 @@ TEST(PrefillGpu, SplitChainMatchesReference) {
   for (std::int32_t span : {0, 5, 32, 200}) expect_conforms(long_one, seed, Launch::split, span);
 }
 
-// f16 inputs are as accurate as f16 itself: out and the final f32 state within kF16FloorFactor of
-// their rounding floors (the error of storing the f64 result in f16), unsplit and split, for the
-// bounded gate at two lower bounds and the softplus gate (strong decays included). The factor:
-// a model of the kernels' roundings (f16 operands, L and A from bf16 hi + lo tiles) gave
-// 1.5-1.9x on these inputs; the H200 measured the figures in NOTES_prefill.md (v7).
-TEST(PrefillGpu, F16WithinTwiceItsRoundingFloor) {
+// f16 inputs are nearly as accurate as f16 itself: out and the final f32 state within
+// kF16FloorFactor of their rounding floors (the error of storing the f64 result in f16), unsplit
+// and split, for the bounded gate at two lower bounds and the softplus gate (strong decays
+// included). The H200 measured 1.86-1.99x for out and 0.96-1.17x for the state on exactly these
+// calls (NOTES_prefill.md, v7; a model of the kernels' roundings had predicted 1.5-1.9x for out):
+// the factor is the worst measured plus 10%, so a change that loses f16 precision fails here.
+TEST(PrefillGpu, F16NearItsRoundingFloor) {
   KDAGUARD_SKIP_WITHOUT_GPU();
-  constexpr double kF16FloorFactor = 2.0;
+  constexpr double kF16FloorFactor = 2.2;
   std::uint64_t seed = 700;
   for (GateKind gate : {GateKind::bounded, GateKind::softplus})
     for (double lower_bound : {-5.0, -1.0}) {
@@ -444,15 +445,15 @@ TEST(PrefillGpu, F16WithinTwiceItsRoundingFloor) {
     }
 }
 
-// A state beyond f16's range (|S| up to 3e5 in an f32 pool; out stays below 65504) with f16 inputs: the chain's f16
-// products cannot hold it, so its warps take the bf16 step; results within the 16-bit tolerance.
+// A state beyond f16's range (|S| up to 3e5 in an f32 pool; out stays below 65504) with f16
+// inputs: the chain's f16 products cannot hold it, so its warps take the bf16 step (and the
+// combine scales its rows); results within the 16-bit tolerance, at bf16's accuracy.
 TEST(PrefillGpu, F16InputsLargeState) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   ProblemSpec s = prefill_spec({300, 17}, 1, 2, 128, 128, DType::f16, DType::f32, GateKind::bounded);
   s.lower_bound = -0.25;  // slow decay: the large state lasts the whole sequence
   for (std::int32_t span : {0, 4}) {
-    const Judgement j = run_and_judge(s, 800, Launch::split, span, 3e5);
-    worst.add(s, j);
+    const Judgement j = run_and_judge(s, 800, Launch::split, span, 3e5);  // not in the worst table
     EXPECT_TRUE(j.failure.empty()) << j.failure << " span " << span;
     std::printf("[f16 large state] span=%d out %.3e (%.2fx floor) state %.3e (%.2fx floor)\n", span,
                 j.out.rms_ratio, j.out.rms_ratio / j.out_floor, j.state.rms_ratio, j.state.rms_ratio / j.state_floor);
