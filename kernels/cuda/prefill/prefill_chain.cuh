@@ -6,7 +6,7 @@
 // (sequence, value head) and several blocks share a head: B * HV * V / (16 kWarps) blocks keep
 // the SMs busy even for one sequence. Each warp holds its 16 rows x K in registers as mma
 // accumulators, whose layout is exactly the B-operand layout of the products with S^T, so only a
-// bf16 conversion sits between them. Per chunk, per warp:
+// 16-bit conversion (bf16 or f16, the inputs' dtype) sits between them. Per chunk, per warp:
 //   Vnew = U + (-W) S^T       8 (K = 128) dependent k-steps, two partial sums
 //   O    = (e^G Q) S^T + A Vnew   off the dependent path, written out
 //   S    = S diag(e^(G_C)) + Vnew^T Kd

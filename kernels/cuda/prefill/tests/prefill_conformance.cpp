@@ -3,10 +3,11 @@
 // output element must be written, memory the prefill may not write (v, the other inputs,
 // untouched pool slots, padding) must be bit-identical, and out and the final states must match
 // the per-token f64 recurrence within rms(err)/rms(ref) <= 5e-3 for 16-bit inputs (f32 inputs:
-// 1e-5; a bf16 state: 1e-2). Every call goes through the public entry point gpu::prefill with a
-// device guard (the guard kernel runs whenever the call's index values are device-only); the
-// kernels' own re-checks without a guard are tested apart. Skipped where no sm_90 device is
-// present.
+// 1e-5; a bf16 state: 1e-2); the worst errors are printed beside their rounding floors (the
+// error of storing the f64 result in the dtype). Every call goes through the public entry point
+// gpu::prefill with a device guard (the guard kernel runs whenever the call's index values are
+// device-only); the kernels' own re-checks without a guard are tested apart. Skipped where no
+// sm_90 device is present.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
