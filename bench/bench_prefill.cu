@@ -6,8 +6,10 @@
 // this binary; v1-v3's were taken with validate + lower + the launcher called directly.
 // Shapes (issue 13): T = 8192, B = 1 at H in {12, 24, 32, 64, 96}; T in {32768, 65536, 131072}
 // at H in {4, 12}; B = 2 at H in {12, 64}; T = 512; 10 ragged sequences summing to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
-// ceiling is measured by the same binary (BM_CopyCeiling).
+// ceiling is measured by the same binary (BM_CopyCeiling). BM_PrefillF16: the same call with f16
+// q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}.
 #include <benchmark/benchmark.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -27,7 +29,21 @@ using kdaguard::TensorView;
 using kdaguard::bench::CopyCeiling;
 using kdaguard::bench::DeviceBuffer;
 using kdaguard::bench::device_view;
-using kdaguard::bench::fill_uniform;
+
+// kdaguard::bench::fill_uniform for bf16, f16 or f32 buffers: f16 elements are the f32 draw rounded to nearest.
+__global__ void f32_to_f16_kernel(const float* in, __half* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(in[i]);
+}
+void fill_input(const DeviceBuffer& b, std::int64_t n, DType dtype, float lo, float hi, std::uint32_t seed) {
+  if (dtype != DType::f16) return kdaguard::bench::fill_uniform(b, n, dtype, lo, hi, seed);
+  const DeviceBuffer draws(n * 4);
+  kdaguard::bench::fill_uniform(draws, n, DType::f32, lo, hi, seed);
+  f32_to_f16_kernel<<<1024, 256>>>(static_cast<const float*>(draws.ptr), static_cast<__half*>(b.ptr), n);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
 
 // One prefill problem on the device and the call that describes it.
 struct PrefillProblem {
@@ -38,7 +54,7 @@ struct PrefillProblem {
   DeviceBuffer q, k, v, a, b, A_log, dt_bias, state, out, cu_dev, idx_dev;
   kdaguard::PrefillCall call;
 
-  PrefillProblem(std::vector<std::int64_t> lens, int heads)
+  PrefillProblem(std::vector<std::int64_t> lens, int heads, DType io = DType::bf16)
       : T(std::accumulate(lens.begin(), lens.end(), std::int64_t{0})),
         H(heads),
         cu(offsets(lens)),
@@ -46,29 +62,29 @@ struct PrefillProblem {
         A_log(H * 4), dt_bias(H * K * 4), state(lens.size() * H * V * K * 4), out(T * H * V * 2),
         cu_dev(cu.size() * 4), idx_dev(lens.size() * 4) {
     const auto N = static_cast<std::int64_t>(lens.size());
-    fill_uniform(q, T * H * K, DType::bf16, -1.f, 1.f, 1);
-    fill_uniform(k, T * H * K, DType::bf16, -1.f, 1.f, 2);
-    fill_uniform(v, T * H * V, DType::bf16, -1.f, 1.f, 3);
-    fill_uniform(a, T * H * K, DType::bf16, -4.f, 4.f, 4);
-    fill_uniform(b, T * H, DType::bf16, -3.f, 3.f, 5);
-    fill_uniform(A_log, H, DType::f32, -0.5f, 0.5f, 6);
-    fill_uniform(dt_bias, H * K, DType::f32, -6.f, -2.f, 7);
-    fill_uniform(state, N * H * V * K, DType::f32, -0.1f, 0.1f, 8);
+    fill_input(q, T * H * K, io, -1.f, 1.f, 1);
+    fill_input(k, T * H * K, io, -1.f, 1.f, 2);
+    fill_input(v, T * H * V, io, -1.f, 1.f, 3);
+    fill_input(a, T * H * K, io, -4.f, 4.f, 4);
+    fill_input(b, T * H, io, -3.f, 3.f, 5);
+    fill_input(A_log, H, DType::f32, -0.5f, 0.5f, 6);
+    fill_input(dt_bias, H * K, DType::f32, -6.f, -2.f, 7);
+    fill_input(state, N * H * V * K, DType::f32, -0.1f, 0.1f, 8);
     std::vector<std::int32_t> cu32(cu.begin(), cu.end()), idx(static_cast<std::size_t>(N));
     std::iota(idx.begin(), idx.end(), 0);
     CHECK_CUDA(cudaMemcpy(cu_dev.ptr, cu32.data(), cu32.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(idx_dev.ptr, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
 
     call.device = Device{Device::Kind::cuda, 0};
-    call.q = device_view(DType::bf16, {T, H, K}, q.ptr);
-    call.k = device_view(DType::bf16, {T, H, K}, k.ptr);
-    call.v = device_view(DType::bf16, {T, H, V}, v.ptr);
-    call.a = device_view(DType::bf16, {T, H, K}, a.ptr);
-    call.b = device_view(DType::bf16, {T, H}, b.ptr);
+    call.q = device_view(io, {T, H, K}, q.ptr);
+    call.k = device_view(io, {T, H, K}, k.ptr);
+    call.v = device_view(io, {T, H, V}, v.ptr);
+    call.a = device_view(io, {T, H, K}, a.ptr);
+    call.b = device_view(io, {T, H}, b.ptr);
     call.A_log = device_view(DType::f32, {H}, A_log.ptr);
     call.dt_bias = device_view(DType::f32, {H * K}, dt_bias.ptr);
     call.initial_state = device_view(DType::f32, {N, H, V, K}, state.ptr);
-    call.out = device_view(DType::bf16, {T, H, V}, out.ptr);
+    call.out = device_view(io, {T, H, V}, out.ptr);
     call.cu_seqlens = device_view(DType::i32, {N + 1}, cu_dev.ptr);
     call.cu_seqlens->values = cu;
     call.initial_state_indices = device_view(DType::i32, {N}, idx_dev.ptr);
@@ -92,8 +108,8 @@ cudaError_t prefill(const kdaguard::PrefillCall& call) {
   return status.ok() ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H) {
-  PrefillProblem p(std::move(lens), H);
+void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H, DType io = DType::bf16) {
+  PrefillProblem p(std::move(lens), H, io);
   if (!kdaguard::validate(p.call).accepted()) {
     state.SkipWithError(kdaguard::describe(kdaguard::validate(p.call)).c_str());
     return;
@@ -129,6 +145,11 @@ void BM_Prefill(benchmark::State& state) {
   run_prefill(state, std::vector<std::int64_t>(B, T), H);
 }
 
+void BM_PrefillF16(benchmark::State& state) {
+  run_prefill(state, std::vector<std::int64_t>(static_cast<std::size_t>(state.range(2)), state.range(0)),
+              static_cast<int>(state.range(1)), DType::f16);
+}
+
 // 10 ragged sequences summing to 8192.
 void BM_PrefillRagged(benchmark::State& state) {
   run_prefill(state, {1500, 37, 900, 1, 2048, 640, 113, 1200, 753, 1000},
@@ -151,6 +172,15 @@ BENCHMARK(BM_Prefill)
     ->Args({32768, 4, 1})->Args({32768, 12, 1})->Args({65536, 4, 1})->Args({65536, 12, 1})
     ->Args({131072, 4, 1})->Args({131072, 12, 1})
     ->Args({8192, 12, 2})->Args({8192, 64, 2})->Args({512, 32, 1})
+    ->ArgNames({"T", "H", "B"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PrefillF16)
+    ->Args({8192, 12, 1})->Args({8192, 64, 1})
     ->ArgNames({"T", "H", "B"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)

@@ -6,7 +6,7 @@
 // (sequence, value head) and several blocks share a head: B * HV * V / (16 kWarps) blocks keep
 // the SMs busy even for one sequence. Each warp holds its 16 rows x K in registers as mma
 // accumulators, whose layout is exactly the B-operand layout of the products with S^T, so only a
-// bf16 conversion sits between them. Per chunk, per warp:
+// 16-bit conversion (bf16 or f16, the inputs' dtype) sits between them. Per chunk, per warp:
 //   Vnew = U + (-W) S^T       8 (K = 128) dependent k-steps, two partial sums
 //   O    = (e^G Q) S^T + A Vnew   off the dependent path, written out
 //   S    = S diag(e^(G_C)) + Vnew^T Kd
@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "prefill_device.cuh"
 #include "prefill_workspace.cuh"
@@ -54,10 +55,11 @@ template <int K, int V, int kWarps> struct ChainStage {
   static constexpr int kLdK = K + 8;         // bf16 row stride: ldmatrix rows 16 bytes apart in the banks
   static constexpr int kLdA = kChunk + 8;
   static_assert(V % kRows == 0);
-  alignas(16) __nv_bfloat16 Wneg[kChunk][kLdK];
-  alignas(16) __nv_bfloat16 Qg[kChunk][kLdK];
-  alignas(16) __nv_bfloat16 Kd[kChunk][kLdK];
-  alignas(16) __nv_bfloat16 A[kChunk][kLdA];
+  // 16-bit operands in the dtype the prepare kernel wrote (bf16 or f16, the kernel's Op).
+  alignas(16) std::uint16_t Wneg[kChunk][kLdK];
+  alignas(16) std::uint16_t Qg[kChunk][kLdK];
+  alignas(16) std::uint16_t Kd[kChunk][kLdK];
+  alignas(16) std::uint16_t A[kChunk][kLdA];
   alignas(16) float decay[K];
   alignas(16) float U[kChunk][kRows];
 };
@@ -167,7 +169,13 @@ template <int K> struct StatePairs {
 // Grid: one block per (unit, value head, row slice), the slice fastest; a unit is a sequence
 // (whole) or a span slot (transition, span). The transition's slices are the V value rows, then
 // the K identity rows.
-template <int K, int V, int kWarps, ChainRole kRole>
+// Op: the operands' and the outputs' dtype, that of the inputs (__nv_bfloat16 or __half). With f16
+// the state enters the products rounded to f16, whose range (65504) a state may exceed (an f32
+// pool holds what the caller put there, and a state grows with its inputs): a warp whose Vnew is
+// not finite or beyond 2^15 (which an overflowed f16 state rounding makes it, and beyond which
+// Vnew's own f16 rounding could overflow) redoes that chunk step in bf16, its f16 operands
+// converted, before the state changes; the state stays in f32 registers throughout.
+template <class Op, int K, int V, int kWarps, ChainRole kRole>
 __global__ void __launch_bounds__(32 * kWarps)
     prefill_chain_kernel(const PrefillParams p, const GuardState guard,
                          const unsigned char* workspace, const ChainSplit split) {
@@ -245,7 +253,6 @@ __global__ void __launch_bounds__(32 * kWarps)
       for (int e = 0; e < 4; ++e)
         S[nt][e] = identity_rows && v0 + group + 8 * (e / 2) == 8 * nt + 2 * quad + (e % 2) ? 1.f : 0.f;
   }
-  const bool out_bf16 = p.in.io_dtype == DType::bf16;
   std::uint16_t* out_base = static_cast<std::uint16_t*>(p.out.data) +
                             static_cast<std::int64_t>(hv) * p.out.head_stride;
 
@@ -258,113 +265,144 @@ __global__ void __launch_bounds__(32 * kWarps)
                   sm.stage[(i + kChainStages - 1) % kChainStages]);
     cp_async_commit();
     const Stage& st = sm.stage[i % kChainStages];
-
-    // Vnew = U + (-W) S^T and O = (e^G Q) S^T; S^T is the B operand, straight from registers.
-    // Even and odd k-steps accumulate apart to halve the dependent chain.
-    float vnew[2][2][4], out[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = 16 * warp + nt * 8 + 2 * quad;
-      float2 u_lo = make_float2(0.f, 0.f), u_hi = u_lo;
-      if (!identity_rows) {
-        u_lo = *reinterpret_cast<const float2*>(&st.U[group][col]);
-        u_hi = *reinterpret_cast<const float2*>(&st.U[group + 8][col]);
-      }
-      vnew[0][nt][0] = u_lo.x;
-      vnew[0][nt][1] = u_lo.y;
-      vnew[0][nt][2] = u_hi.x;
-      vnew[0][nt][3] = u_hi.y;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        vnew[1][nt][e] = 0.f;
-        out[nt][e] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < K / 16; ++ks) {
-      std::uint32_t aw[4];
-      ldmatrix_x4(aw, &st.Wneg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-      const std::uint32_t b_lo0 = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
-      const std::uint32_t b_lo1 = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-      const std::uint32_t b_hi0 = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
-      const std::uint32_t b_hi1 = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-      mma_bf16(vnew[ks % 2][0], aw, b_lo0, b_lo1);
-      mma_bf16(vnew[ks % 2][1], aw, b_hi0, b_hi1);
-      if constexpr (kOutputs) {
-        std::uint32_t aq[4];
-        ldmatrix_x4(aq, &st.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-        mma_bf16(out[0], aq, b_lo0, b_lo1);
-        mma_bf16(out[1], aq, b_hi0, b_hi1);
-      }
-    }
-    // Vnew in bf16, transposed per 8x8 block: vt[nt][h] holds Vnew^T rows v = 16 warp + 8 nt + g,
-    // columns c = 8 h + 2q, which is both the A operand of Vnew^T Kd and the B operand of A Vnew.
-    std::uint32_t vt[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        vt[nt][h] = movmatrix_trans(pack_bf16(vnew[0][nt][2 * h] + vnew[1][nt][2 * h],
-                                              vnew[0][nt][2 * h + 1] + vnew[1][nt][2 * h + 1]));
-
-    // S <- S diag(e^(G_C)) + Vnew^T Kd: Kd [c][k] is the B operand (transposed load).
-    const std::uint32_t av[4] = {vt[0][0], vt[1][0], vt[0][1], vt[1][1]};
-#pragma unroll
-    for (int np = 0; np < K / 16; ++np) {
-      std::uint32_t bk[4];
-      ldmatrix_x4_trans(bk, &st.Kd[(lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const int nt = 2 * np + t;
-        const float2 dec = *reinterpret_cast<const float2*>(&st.decay[8 * nt + 2 * quad]);
-        S[nt][0] *= dec.x;
-        S[nt][1] *= dec.y;
-        S[nt][2] *= dec.x;
-        S[nt][3] *= dec.y;
-      }
-      mma_bf16(S[2 * np], av, bk[0], bk[1]);
-      mma_bf16(S[2 * np + 1], av, bk[2], bk[3]);
-    }
-    if (identity_rows) {
-      decay_product[0] *= st.decay[v0 + group];
-      decay_product[1] *= st.decay[v0 + group + 8];
-    }
-    if constexpr (!kOutputs) continue;
-
-    // O += A Vnew, then out.
-    {
-      std::uint32_t a[4];
-      ldmatrix_x4(a, &st.A[(lane % 8) + ((lane / 8) % 2) * 8][(lane / 16) * 8]);
-      mma_bf16(out[0], a, vt[0][0], vt[0][1]);
-      mma_bf16(out[1], a, vt[1][0], vt[1][1]);
-    }
     const int rows = static_cast<int>(seq.length - static_cast<std::int64_t>(c) * kChunk < kChunk
                                           ? seq.length - static_cast<std::int64_t>(c) * kChunk
                                           : kChunk);
-    std::uint16_t* out_rows = out_base + (seq.begin + static_cast<std::int64_t>(c) * kChunk + group) *
-                                             p.out.token_stride + v0 + 2 * quad;
-    std::uint32_t packed[2][2];
+    // One chunk step with operands of type T; kConvert: the stage holds f16, T is bf16 (the
+    // fallback). Returns false, the state untouched, when f16 operands would not hold Vnew.
+    const auto step = [&](auto op_type, auto convert) -> bool {
+      using T = typename decltype(op_type)::type;
+      constexpr bool kConvert = decltype(convert)::value;
+      const auto operand = [](std::uint32_t(&r)[4]) {
+        if constexpr (kConvert) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float lo = out[nt][2 * half], hi = out[nt][2 * half + 1];
-        packed[nt][half] = out_bf16 ? IoBits<__nv_bfloat16>::pack(lo, hi) : IoBits<__half>::pack(lo, hi);
-      }
-    const std::int64_t half_stride = 8 * p.out.token_stride;
-    if (rows == kChunk) {  // warp-uniform: every chunk but a sequence's last
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
-        *reinterpret_cast<std::uint32_t*>(out_rows + half_stride + nt * 8) = packed[nt][1];
-      }
-    } else {
+          for (int e = 0; e < 4; ++e) r[e] = half2_to_bf16x2(r[e]);
+        }
+      };
+      // Vnew = U + (-W) S^T and O = (e^G Q) S^T; S^T is the B operand, straight from registers.
+      // Even and odd k-steps accumulate apart to halve the dependent chain.
+      float vnew[2][2][4], out[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        if (group < rows) *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
-        if (group + 8 < rows)
+        const int col = 16 * warp + nt * 8 + 2 * quad;
+        float2 u_lo = make_float2(0.f, 0.f), u_hi = u_lo;
+        if (!identity_rows) {
+          u_lo = *reinterpret_cast<const float2*>(&st.U[group][col]);
+          u_hi = *reinterpret_cast<const float2*>(&st.U[group + 8][col]);
+        }
+        vnew[0][nt][0] = u_lo.x;
+        vnew[0][nt][1] = u_lo.y;
+        vnew[0][nt][2] = u_hi.x;
+        vnew[0][nt][3] = u_hi.y;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          vnew[1][nt][e] = 0.f;
+          out[nt][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) {
+        std::uint32_t aw[4];
+        ldmatrix_x4(aw, &st.Wneg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+        operand(aw);
+        const std::uint32_t b_lo0 = IoBits<T>::pack(S[2 * ks][0], S[2 * ks][1]);
+        const std::uint32_t b_lo1 = IoBits<T>::pack(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+        const std::uint32_t b_hi0 = IoBits<T>::pack(S[2 * ks][2], S[2 * ks][3]);
+        const std::uint32_t b_hi1 = IoBits<T>::pack(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+        mma16<T>(vnew[ks % 2][0], aw, b_lo0, b_lo1);
+        mma16<T>(vnew[ks % 2][1], aw, b_hi0, b_hi1);
+        if constexpr (kOutputs) {
+          std::uint32_t aq[4];
+          ldmatrix_x4(aq, &st.Qg[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+          operand(aq);
+          mma16<T>(out[0], aq, b_lo0, b_lo1);
+          mma16<T>(out[1], aq, b_hi0, b_hi1);
+        }
+      }
+      float vsum[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) vsum[nt][e] = vnew[0][nt][e] + vnew[1][nt][e];
+      if constexpr (std::is_same_v<T, __half>) {
+        bool held = true;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) held = held && fabsf(vsum[nt][e]) < 32768.f;  // false for NaN
+        if (__any_sync(0xffffffffu, !held)) return false;
+      }
+      // Vnew rounded, transposed per 8x8 block: vt[nt][h] holds Vnew^T rows v = 16 warp + 8 nt + g,
+      // columns c = 8 h + 2q, which is both the A operand of Vnew^T Kd and the B operand of A Vnew.
+      std::uint32_t vt[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) vt[nt][h] = movmatrix_trans(IoBits<T>::pack(vsum[nt][2 * h], vsum[nt][2 * h + 1]));
+
+      // S <- S diag(e^(G_C)) + Vnew^T Kd: Kd [c][k] is the B operand (transposed load).
+      const std::uint32_t av[4] = {vt[0][0], vt[1][0], vt[0][1], vt[1][1]};
+#pragma unroll
+      for (int np = 0; np < K / 16; ++np) {
+        std::uint32_t bk[4];
+        ldmatrix_x4_trans(bk, &st.Kd[(lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
+        operand(bk);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const int nt = 2 * np + t;
+          const float2 dec = *reinterpret_cast<const float2*>(&st.decay[8 * nt + 2 * quad]);
+          S[nt][0] *= dec.x;
+          S[nt][1] *= dec.y;
+          S[nt][2] *= dec.x;
+          S[nt][3] *= dec.y;
+        }
+        mma16<T>(S[2 * np], av, bk[0], bk[1]);
+        mma16<T>(S[2 * np + 1], av, bk[2], bk[3]);
+      }
+      if (identity_rows) {
+        decay_product[0] *= st.decay[v0 + group];
+        decay_product[1] *= st.decay[v0 + group + 8];
+      }
+      if constexpr (!kOutputs) return true;
+
+      // O += A Vnew, then out.
+      {
+        std::uint32_t a[4];
+        ldmatrix_x4(a, &st.A[(lane % 8) + ((lane / 8) % 2) * 8][(lane / 16) * 8]);
+        operand(a);
+        mma16<T>(out[0], a, vt[0][0], vt[0][1]);
+        mma16<T>(out[1], a, vt[1][0], vt[1][1]);
+      }
+      std::uint16_t* out_rows = out_base + (seq.begin + static_cast<std::int64_t>(c) * kChunk + group) *
+                                               p.out.token_stride + v0 + 2 * quad;
+      std::uint32_t packed[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          packed[nt][half] = IoBits<Op>::pack(out[nt][2 * half], out[nt][2 * half + 1]);
+      const std::int64_t half_stride = 8 * p.out.token_stride;
+      if (rows == kChunk) {  // warp-uniform: every chunk but a sequence's last
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
           *reinterpret_cast<std::uint32_t*>(out_rows + half_stride + nt * 8) = packed[nt][1];
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          if (group < rows) *reinterpret_cast<std::uint32_t*>(out_rows + nt * 8) = packed[nt][0];
+          if (group + 8 < rows)
+            *reinterpret_cast<std::uint32_t*>(out_rows + half_stride + nt * 8) = packed[nt][1];
+        }
       }
+      return true;
+    };
+    if constexpr (std::is_same_v<Op, __half>) {
+      if (!step(std::type_identity<__half>{}, std::false_type{}))
+        step(std::type_identity<__nv_bfloat16>{}, std::true_type{});
+    } else {
+      step(std::type_identity<__nv_bfloat16>{}, std::false_type{});
     }
   }
   cp_async_wait_all();  // no copy may outlive the block (the empty groups past the end included)
@@ -374,7 +412,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       pairs.store(span_ops + Spans::kState, DType::f32);
       return;
     }
-    // E = P - diag(D) in bf16, D in f32.
+    // E = P - diag(D) in Op, D in f32.
     auto* carry = reinterpret_cast<std::uint32_t*>(span_ops + Spans::kCarry);
 #pragma unroll
     for (int nt = 0; nt < K / 8; ++nt)
@@ -383,7 +421,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         const int r = v0 + group + 8 * half, k = 8 * nt + 2 * quad;
         const float lo = S[nt][2 * half] - (r == k ? decay_product[half] : 0.f);
         const float hi = S[nt][2 * half + 1] - (r == k + 1 ? decay_product[half] : 0.f);
-        carry[(r * K + k) / 2] = pack_bf16(lo, hi);
+        carry[(r * K + k) / 2] = IoBits<Op>::pack(lo, hi);
       }
     if (quad == 0) {
       auto* decay = reinterpret_cast<float*>(span_ops + Spans::kDecay);

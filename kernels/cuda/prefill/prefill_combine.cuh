@@ -3,14 +3,18 @@
 // slot's state, and writes each span's entering state S_j over its Q_j (each thread reads the
 // elements of Q_j it then overwrites), where the span kernel starts from. One block of kWarps
 // warps per (sequence, value head, 16 kWarps state rows); the state rows stay in registers as
-// mma accumulators, which are also the A operand of S_j E_j once rounded to bf16, exactly as
-// the chain step rounds S for (-W) S^T; the decay part S_j diag(D_j) and Q_j stay in f32. The
-// next span's E, D and Q rows are copied (cp.async) while a span computes.
+// mma accumulators, which are also the A operand of S_j E_j once rounded to Op (the inputs'
+// dtype), as the chain step rounds S for (-W) S^T; the decay part S_j diag(D_j) and Q_j stay in
+// f32. With f16 each state row enters the product scaled by a power of two that puts its largest
+// element in [2^13, 2^14) (f16's range holds it whatever the state's size, and small rows keep
+// f16's precision), the product unscaled in f32. The next span's E, D and Q rows are copied
+// (cp.async) while a span computes.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "prefill_chain.cuh"
 #include "prefill_device.cuh"
@@ -23,14 +27,14 @@ template <int K, int V, int kWarps> struct CombineShared {
   static constexpr int kLdE = K + 8;         // bf16: ldmatrix rows 16 bytes apart in the banks
   static constexpr int kLdQ = K + 8;         // f32: the float2 reads of a half warp hit 32 banks
   struct Span {
-    alignas(16) __nv_bfloat16 E[K][kLdE];
+    alignas(16) std::uint16_t E[K][kLdE];  // Op
     alignas(16) float D[K];
     alignas(16) float Q[kRows][kLdQ];
   };
   Span span[2];
 };
 
-template <int K, int V, int kWarps>
+template <class Op, int K, int V, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps)
     prefill_combine_kernel(const PrefillParams p, const GuardState guard, const ChainSplit split) {
   using Spans = SpanOperands<K, V>;
@@ -92,14 +96,29 @@ __global__ void __launch_bounds__(32 * kWarps)
     __syncthreads();  // span j's buffer landed for every thread (Q_j read before S_j overwrites it)
     const typename Shared::Span& sp = sm.span[j % 2];
 
-    // A operand of S_j E_j: S_j in bf16, straight from the accumulators.
+    // A operand of S_j E_j: S_j in Op, straight from the accumulators, rows scaled for f16:
+    // row_scale[h] for the lane's rows group + 8 h (1 for bf16).
+    float row_scale[2] = {1.f, 1.f};
+    if constexpr (std::is_same_v<Op, __half>) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < K / 8; ++nt) m = fmaxf(m, fmaxf(fabsf(S[nt][2 * h]), fabsf(S[nt][2 * h + 1])));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the row's four lanes
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // 2^(13 - floor(log2 m)), the exponent kept within f32's range for any m (0: scale 1).
+        const float e = m > 0.f ? fminf(fmaxf(13.f - floorf(log2f(m)), -100.f), 100.f) : 0.f;
+        row_scale[h] = exp2f(e);
+      }
+    }
     std::uint32_t a[K / 16][4];
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks) {
-      a[ks][0] = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
-      a[ks][1] = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
-      a[ks][2] = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-      a[ks][3] = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+      a[ks][0] = IoBits<Op>::pack(S[2 * ks][0] * row_scale[0], S[2 * ks][1] * row_scale[0]);
+      a[ks][1] = IoBits<Op>::pack(S[2 * ks][2] * row_scale[1], S[2 * ks][3] * row_scale[1]);
+      a[ks][2] = IoBits<Op>::pack(S[2 * ks + 1][0] * row_scale[0], S[2 * ks + 1][1] * row_scale[0]);
+      a[ks][3] = IoBits<Op>::pack(S[2 * ks + 1][2] * row_scale[1], S[2 * ks + 1][3] * row_scale[1]);
     }
     pairs.store(entering, DType::f32);
     // S_j diag(D_j) + Q_j in f32.
@@ -113,16 +132,30 @@ __global__ void __launch_bounds__(32 * kWarps)
         S[nt][2 * half + 1] = S[nt][2 * half + 1] * d.y + q.y;
       }
     }
-    // + S_j E_j: E [r][k] is the B operand (transposed load), r the k-step's dimension.
+    // + S_j E_j: E [r][k] is the B operand (transposed load), r the k-step's dimension. bf16
+    // accumulates into S; f16 apart, then unscaled.
+    const auto product = [&](float(&acc)[K / 8][4]) {
 #pragma unroll
-    for (int ks = 0; ks < K / 16; ++ks)
+      for (int ks = 0; ks < K / 16; ++ks)
 #pragma unroll
-      for (int np = 0; np < K / 16; ++np) {
-        std::uint32_t bk[4];
-        ldmatrix_x4_trans(bk, &sp.E[16 * ks + (lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
-        mma_bf16(S[2 * np], a[ks], bk[0], bk[1]);
-        mma_bf16(S[2 * np + 1], a[ks], bk[2], bk[3]);
-      }
+        for (int np = 0; np < K / 16; ++np) {
+          std::uint32_t bk[4];
+          ldmatrix_x4_trans(bk, &sp.E[16 * ks + (lane % 8) + ((lane / 8) % 2) * 8][np * 16 + (lane / 16) * 8]);
+          mma16<Op>(acc[2 * np], a[ks], bk[0], bk[1]);
+          mma16<Op>(acc[2 * np + 1], a[ks], bk[2], bk[3]);
+        }
+    };
+    if constexpr (std::is_same_v<Op, __half>) {
+      float R[K / 8][4] = {};
+      product(R);
+      const float unscale[2] = {1.f / row_scale[0], 1.f / row_scale[1]};
+#pragma unroll
+      for (int nt = 0; nt < K / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] += R[nt][e] * unscale[e / 2];
+    } else {
+      product(S);
+    }
     __syncthreads();  // buffer j % 2 consumed before span j + 2's copies overwrite it
   }
   cp_async_wait_all();

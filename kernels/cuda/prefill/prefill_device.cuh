@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device_common.cuh"
 #include "kdaguard/contracts/row_rules.h"
@@ -116,6 +117,9 @@ template <> struct IoBits<__nv_bfloat16> {
   __device__ __forceinline__ static float to_f32(std::uint16_t bits) {
     return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
   }
+  __device__ __forceinline__ static std::uint16_t round(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
   // Two f32 values rounded to bf16, `lo` in the low half (the lower address).
   __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -126,6 +130,7 @@ template <> struct IoBits<__half> {
   __device__ __forceinline__ static float to_f32(std::uint16_t bits) {
     return __half2float(__ushort_as_half(bits));
   }
+  __device__ __forceinline__ static std::uint16_t round(float x) { return __half_as_ushort(__float2half_rn(x)); }
   __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -176,6 +181,32 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4],
+                                        std::uint32_t b0, std::uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// mma.sync m16n8k16 with f32 accumulation on operands of type Op (__nv_bfloat16 or __half).
+template <class Op>
+__device__ __forceinline__ void mma16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                      std::uint32_t b1) {
+  if constexpr (std::is_same_v<Op, __half>) {
+    mma_f16(d, a, b0, b1);
+  } else {
+    mma_bf16(d, a, b0, b1);
+  }
+}
+
+// Two f16 values (a b16 pair of a fragment) as two bf16 values, each rounded to nearest.
+__device__ __forceinline__ std::uint32_t half2_to_bf16x2(std::uint32_t x) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
+  return pack_bf16(f.x, f.y);
 }
 
 // The transpose of an 8x8 b16 matrix held in the fragment layout above (lane 4 g + q holds row g,

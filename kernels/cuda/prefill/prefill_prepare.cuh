@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "prefill_device.cuh"
 #include "prefill_workspace.cuh"
@@ -38,15 +39,23 @@ inline constexpr int kPrepareWarps = kPrepareThreads / 32;
 inline constexpr float kSpanLimit = 90.f;
 inline constexpr int kPivotRow = 7;
 
-template <int K, int V> struct PrepareShared {
+// kSplitTiles (f16 inputs): each pivot-factorised tile is held as bf16 hi + lo parts, x = hi + lo
+// with hi = bf16(x), lo = bf16(x - hi), and L and A take three products (hi hi + hi lo + lo hi):
+// about 16 significant bits, more than f16's 11, over bf16's range, which the factors 2^(+-90)
+// need (f16 tiles would overflow beyond a span of ~15). bf16 inputs: one bf16 part.
+template <int K, int V, bool kSplitTiles> struct PrepareShared {
   static_assert((K == 64 || K == 128) && (V == 64 || V == 128));
   static constexpr int kLdK = K + 8;  // bf16 tile row stride: rows 16 bytes apart in the banks
+  static constexpr int kLoRows = kSplitTiles ? kChunk : 1;
   alignas(16) std::uint16_t q[kChunk][K];  // raw 16-bit rows
   alignas(16) std::uint16_t k[kChunk][K];
   alignas(16) std::uint16_t v[kChunk][V];
   alignas(16) __nv_bfloat16 Qp[kChunk][kLdK];  // q 2^(G - G_p)
   alignas(16) __nv_bfloat16 Kp[kChunk][kLdK];  // k 2^(G - G_p)
   alignas(16) __nv_bfloat16 Kn[kChunk][kLdK];  // k 2^(G_p - G)
+  alignas(16) __nv_bfloat16 Qp_lo[kLoRows][kLdK];  // the lo parts (kSplitTiles)
+  alignas(16) __nv_bfloat16 Kp_lo[kLoRows][kLdK];
+  alignas(16) __nv_bfloat16 Kn_lo[kLoRows][kLdK];
   // The raw gate rows (16- or 32-bit) until the gates are formed; then the cumulative gate in
   // log2 units, for the per-pair path.
   union {
@@ -60,14 +69,21 @@ template <int K, int V> struct PrepareShared {
   int span_bits;  // max |G_i - G_p| of the chunk, as float bits (non-negative: int order)
 };
 
-// IO: __nv_bfloat16 or __half, the dtype of q, k, v (gates and beta may be f32).
+// IO: __nv_bfloat16 or __half, the dtype of q, k, v (gates and beta may be f32), and of the
+// matrix operands written for the chain (-W, e^G q, e^(G_C - G) k, A): f16 operands for f16 inputs
+// keep f16's precision through the chain. Their range: with the L2 norm |q_x| <= scale and
+// |k_x| <= 1, so |e^G q| <= scale, |e^(G_C - G) k| <= 1, |A_ij| <= scale and |W| <= 16 (T's
+// entries lie in [-1, 1], beta <= 1); without it they are the f16 inputs times factors <= 1 (the
+// decays) or their inner products, which stay small whenever the delta rule is stable
+// (beta |k|^2 < 2); values that underflow stand for contributions below f16's resolution.
 template <class IO, int K, int V>
 __global__ void __launch_bounds__(kPrepareThreads)
     prefill_prepare_kernel(const PrefillParams p, const GuardState guard, unsigned char* workspace) {
   static_assert(K <= kPrepareThreads && V <= kPrepareThreads);
   using Ops = ChunkOperands<K, V>;
   using Io = IoBits<IO>;
-  using Shared = PrepareShared<K, V>;
+  constexpr bool kSplitTiles = std::is_same_v<IO, __half>;
+  using Shared = PrepareShared<K, V, kSplitTiles>;
   __shared__ Shared sm;
   static_assert(offsetof(Shared, gate_raw) % 16 == 0);
 
@@ -205,8 +221,14 @@ __global__ void __launch_bounds__(kPrepareThreads)
     // e^G = up 2^G_p and e^(G_C - G) = 2^(G_C - G_p) down (a factor that underflows stands for a
     // true value below 2^-36 there); otherwise (a chunk that takes the per-pair path) they are
     // formed directly. The branch is per thread, outside the row loop.
-    __nv_bfloat16* Qg = reinterpret_cast<__nv_bfloat16*>(ops + Ops::kQg);
-    __nv_bfloat16* Kd = reinterpret_cast<__nv_bfloat16*>(ops + Ops::kKd);
+    std::uint16_t* Qg = reinterpret_cast<std::uint16_t*>(ops + Ops::kQg);
+    std::uint16_t* Kd = reinterpret_cast<std::uint16_t*>(ops + Ops::kKd);
+    const auto tile = [&](__nv_bfloat16(&hi)[kChunk][Shared::kLdK], __nv_bfloat16(&lo)[Shared::kLoRows][Shared::kLdK],
+                          int r, float x) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(x);
+      hi[r][ch] = h;
+      if constexpr (kSplitTiles) lo[r][ch] = __float2bfloat16_rn(x - __bfloat162float(h));
+    };
     auto tile_rows = [&](auto decays) {
 #pragma unroll
       for (int r = 0; r < kChunk; ++r) {
@@ -218,11 +240,11 @@ __global__ void __launch_bounds__(kPrepareThreads)
         decays(G[r], up, down, decay, to_end);
         sm.G[r][ch] = G[r];
         X[r] = sm.beta[r] * decay * k;
-        sm.Qp[r][ch] = __float2bfloat16_rn(q * up);
-        sm.Kp[r][ch] = __float2bfloat16_rn(k * up);
-        sm.Kn[r][ch] = __float2bfloat16_rn(k * down);
-        Qg[r * K + ch] = __float2bfloat16_rn(q * decay);
-        Kd[r * K + ch] = __float2bfloat16_rn(k * to_end);
+        tile(sm.Qp, sm.Qp_lo, r, q * up);
+        tile(sm.Kp, sm.Kp_lo, r, k * up);
+        tile(sm.Kn, sm.Kn_lo, r, k * down);
+        Qg[r * K + ch] = Io::round(q * decay);
+        Kd[r * K + ch] = Io::round(k * to_end);
       }
     };
     if (span <= kSpanLimit) {
@@ -245,12 +267,13 @@ __global__ void __launch_bounds__(kPrepareThreads)
   __syncthreads();
 
   // ---- L and A ----
-  __nv_bfloat16* A_out = reinterpret_cast<__nv_bfloat16*>(ops + Ops::kA);
+  std::uint16_t* A_out = reinterpret_cast<std::uint16_t*>(ops + Ops::kA);
   if (__int_as_float(sm.span_bits) <= kSpanLimit) {
     // Warps 0, 1: L columns [8 nt, 8 nt + 8); warps 2, 3: A.
     const bool is_A = warp >= 2;
     const int nt = warp % 2;
-    const __nv_bfloat16(*rows_tile)[PrepareShared<K, V>::kLdK] = is_A ? sm.Qp : sm.Kp;
+    const __nv_bfloat16(*rows_tile)[Shared::kLdK] = is_A ? sm.Qp : sm.Kp;
+    const __nv_bfloat16(*rows_lo)[Shared::kLdK] = is_A ? sm.Qp_lo : sm.Kp_lo;
     float acc[2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks) {
@@ -258,6 +281,13 @@ __global__ void __launch_bounds__(kPrepareThreads)
       ldmatrix_x4(a, &rows_tile[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
       ldmatrix_x2(b, &sm.Kn[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
       mma_bf16(acc[ks % 2], a, b[0], b[1]);
+      if constexpr (kSplitTiles) {  // + hi lo + lo hi
+        std::uint32_t a_lo[4], b_lo[2];
+        ldmatrix_x4(a_lo, &rows_lo[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
+        ldmatrix_x2(b_lo, &sm.Kn_lo[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
+        mma_bf16(acc[ks % 2], a, b_lo[0], b_lo[1]);
+        mma_bf16(acc[ks % 2], a_lo, b[0], b[1]);
+      }
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -265,7 +295,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
       const int j = nt * 8 + 2 * quad + (e % 2);
       const float val = acc[0][e] + acc[1][e];
       if (is_A) {
-        A_out[i * kChunk + j] = __float2bfloat16_rn(i >= j ? val : 0.f);
+        A_out[i * kChunk + j] = Io::round(i >= j ? val : 0.f);
       } else {
         sm.Lt[j][i] = i > j ? sm.beta[i] * val : 0.f;
       }
@@ -287,7 +317,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
       }
       if (lane == 0) {
         sm.Lt[j][i] = i > j ? sm.beta[i] * kk : 0.f;
-        A_out[i * kChunk + j] = __float2bfloat16_rn(i >= j ? qk : 0.f);
+        A_out[i * kChunk + j] = Io::round(i >= j ? qk : 0.f);
       }
     }
   }
@@ -314,9 +344,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
     }
   }
   if (ch < K) {
-    __nv_bfloat16* Wneg = reinterpret_cast<__nv_bfloat16*>(ops + Ops::kWneg);
+    std::uint16_t* Wneg = reinterpret_cast<std::uint16_t*>(ops + Ops::kWneg);
 #pragma unroll
-    for (int r = 0; r < kChunk; ++r) Wneg[r * K + ch] = __float2bfloat16_rn(-X[r]);
+    for (int r = 0; r < kChunk; ++r) Wneg[r * K + ch] = Io::round(-X[r]);
   }
   if (tid < V) {
     float* U = reinterpret_cast<float*>(ops + Ops::kU);

@@ -26,28 +26,22 @@ cudaError_t launch_with_smem(Kernel* kernel, std::int64_t blocks, int smem, cuda
   return cudaGetLastError();
 }
 
-template <int K, int V>
-cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
-                                 std::int32_t chunks_per_span) {
+// The two-kernel path for 16-bit inputs of dtype IO (__nv_bfloat16 or __half), which is also the
+// dtype of every matrix operand the kernels hand each other.
+template <class IO, int K, int V>
+cudaError_t launch_chunked(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                           std::int32_t chunks_per_span) {
   const std::int64_t heads = static_cast<std::int64_t>(p.num_seqs) * p.in.HV;
-  if (heads == 0) return cudaSuccess;
-  if (p.in.io_dtype == DType::f32) {
-    const std::int64_t blocks = heads * (V / prefill::kRecurrentRows);
-    if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-    prefill::prefill_recurrent_kernel<K, V>
-        <<<static_cast<unsigned>(blocks), prefill::kRecurrentThreads, 0, stream>>>(p, guard);
-    return cudaGetLastError();
-  }
 
   using prefill::ChainRole;
   constexpr int kRows = 16 * kChainWarps;
   constexpr int kValueSlices = V / kRows, kTransitionSlices = (V + K) / kRows;
   constexpr int kChainSmem = static_cast<int>(sizeof(prefill::ChainShared<K, V, kChainWarps>));
   constexpr int kCombineSmem = static_cast<int>(sizeof(prefill::CombineShared<K, V, kChainWarps>));
-  auto* whole = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::whole>;
-  auto* transition = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::transition>;
-  auto* span = prefill::prefill_chain_kernel<K, V, kChainWarps, ChainRole::span>;
-  auto* combine = prefill::prefill_combine_kernel<K, V, kChainWarps>;
+  auto* whole = prefill::prefill_chain_kernel<IO, K, V, kChainWarps, ChainRole::whole>;
+  auto* transition = prefill::prefill_chain_kernel<IO, K, V, kChainWarps, ChainRole::transition>;
+  auto* span = prefill::prefill_chain_kernel<IO, K, V, kChainWarps, ChainRole::span>;
+  auto* combine = prefill::prefill_combine_kernel<IO, K, V, kChainWarps>;
 
   // A caller's workspace is sized by prefill_workspace_bytes, which covers the unsplit chain only:
   // with one, the chain runs whole.
@@ -79,8 +73,7 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
   auto* chunk_ops = static_cast<unsigned char*>(workspace);
   const prefill::ChainSplit split{chunks_per_span, chunk_ops + layout.span_offset};
 
-  auto* prepare = p.in.io_dtype == DType::bf16 ? prefill::prefill_prepare_kernel<__nv_bfloat16, K, V>
-                                               : prefill::prefill_prepare_kernel<__half, K, V>;
+  auto* prepare = prefill::prefill_prepare_kernel<IO, K, V>;
   prepare<<<static_cast<unsigned>(prepare_blocks), prefill::kPrepareThreads, 0, stream>>>(p, guard, chunk_ops);
   cudaError_t launched = cudaGetLastError();
   const unsigned char* ops = chunk_ops;
@@ -96,6 +89,22 @@ cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaS
   // Stream-ordered: pool memory returns to the pool once the last kernel has finished.
   const cudaError_t freed = prefill_workspace_give_back(p, workspace, stream);
   return launched != cudaSuccess ? launched : freed;
+}
+
+template <int K, int V>
+cudaError_t launch_prefill_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                 std::int32_t chunks_per_span) {
+  const std::int64_t heads = static_cast<std::int64_t>(p.num_seqs) * p.in.HV;
+  if (heads == 0) return cudaSuccess;
+  if (p.in.io_dtype == DType::f32) {
+    const std::int64_t blocks = heads * (V / prefill::kRecurrentRows);
+    if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+    prefill::prefill_recurrent_kernel<K, V>
+        <<<static_cast<unsigned>(blocks), prefill::kRecurrentThreads, 0, stream>>>(p, guard);
+    return cudaGetLastError();
+  }
+  return p.in.io_dtype == DType::bf16 ? launch_chunked<__nv_bfloat16, K, V>(p, guard, stream, chunks_per_span)
+                                      : launch_chunked<__half, K, V>(p, guard, stream, chunks_per_span);
 }
 
 }  // namespace kdaguard::gpu::detail

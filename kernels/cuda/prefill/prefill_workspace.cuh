@@ -24,15 +24,16 @@ namespace kdaguard::gpu::prefill {
 inline constexpr int kChunk = 16;
 
 // One (chunk, value head): every operand of the chain step that does not depend on the state.
-// Matrix operands are bf16 (they feed mma.sync as bf16 anyway); U stays f32 because
+// Matrix operands are 16-bit in the inputs' dtype (bf16 or f16: they feed mma.sync as that type,
+// see prefill_prepare.cuh for the f16 ranges); U stays f32 because
 // Vnew = U - W S cancels, and decay_end is a per-channel f32 factor. Rows past a sequence's end
 // are zero (k, q, v zero and g = 0), so they change neither the state nor the outputs.
 template <int K, int V> struct ChunkOperands {
   // Byte offsets of the parts, each 16-byte aligned.
-  static constexpr int kWneg = 0;                        // bf16 [16][K]: -W = -T diag(beta) (e^G k)
-  static constexpr int kQg = kWneg + kChunk * K * 2;     // bf16 [16][K]: e^G q (normed, scaled)
-  static constexpr int kKd = kQg + kChunk * K * 2;       // bf16 [16][K]: e^(G_C - G) k (normed)
-  static constexpr int kA = kKd + kChunk * K * 2;        // bf16 [16][16]: causal q_i k_j e^(G_i - G_j)
+  static constexpr int kWneg = 0;                        // 16-bit [16][K]: -W = -T diag(beta) (e^G k)
+  static constexpr int kQg = kWneg + kChunk * K * 2;     // 16-bit [16][K]: e^G q (normed, scaled)
+  static constexpr int kKd = kQg + kChunk * K * 2;       // 16-bit [16][K]: e^(G_C - G) k (normed)
+  static constexpr int kA = kKd + kChunk * K * 2;        // 16-bit [16][16]: causal q_i k_j e^(G_i - G_j)
   static constexpr int kDecay = kA + kChunk * kChunk * 2;  // f32 [K]: e^(G_C)
   static constexpr int kU = kDecay + K * 4;              // f32 [16][V]: T diag(beta) v
   static constexpr int kBytes = kU + kChunk * V * 4;
@@ -46,8 +47,10 @@ template <int K, int V> struct SpanOperands {
   // f32 [V][K]: Q (transition kernel); then, overwritten in place by the combine kernel, the
   // true state entering the span, which the span kernel starts from.
   static constexpr int kState = 0;
-  // bf16 [K][K]: E = P - diag(D), rows the entering state's key channel. The diagonal is kept
-  // apart in f32 so the decay, the largest part of P, is never rounded to bf16.
+  // 16-bit (the inputs' dtype) [K][K]: E = P - diag(D), rows the entering state's key channel.
+  // The diagonal is kept apart in f32 so the decay, the largest part of P, is never rounded.
+  // |E| <= 2: P is a product of the chunks' maps, each of norm <= 1 while the delta rule is
+  // stable (beta |k|^2 <= 2), so f16 holds it.
   static constexpr int kCarry = kState + V * K * 4;
   static constexpr int kDecay = kCarry + K * K * 2;  // f32 [K]: D, the product of e^(G_C) over the span
   static constexpr int kBytes = kDecay + K * 4;
