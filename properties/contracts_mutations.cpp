@@ -19,7 +19,13 @@
 namespace kdaguard::support {
 namespace {
 
+// Rules of the record-based entry points alone: the generators here build AnyCall's four entry
+// points only; their single-rule breakages are contracts/tests/validate_record_rules_test.cpp's
+// cases until a record-call generator and mutation table exist.
+bool record_only(RuleId rule) { return (rule_info(rule).entry_mask & entry_masks::kDPVC) == 0; }
+
 void mutation_breaks(RuleId rule) {
+  if (record_only(rule)) RC_SUCCEED("record-only rule: see validate_record_rules_test.cpp");
   const auto mutations = mutations_for(rule);
   RC_ASSERT(!mutations.empty());
   const Mutation& m = *mutations[*rc::gen::inRange<std::size_t>(0, mutations.size())];
@@ -80,8 +86,11 @@ TEST(ContractsMutations, EveryRuleCanBeBrokenAlone) {
   std::set<RuleId> alone;
   for (const Mutation& m : mutation_table())
     if (m.exclusive) alone.insert(m.rule);
-  for (const RuleInfo& info : rule_catalogue())
-    EXPECT_TRUE(alone.count(info.rule)) << info.id << " has no exclusive mutation";
+  for (const RuleInfo& info : rule_catalogue()) {
+    if (!record_only(info.rule)) {
+      EXPECT_TRUE(alone.count(info.rule)) << info.id << " has no exclusive mutation";
+    }
+  }
 }
 
 }  // namespace

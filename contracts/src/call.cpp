@@ -54,6 +54,15 @@ CatalogueCall widen(const AnyCall& call) {
   return std::visit([](const auto& c) -> CatalogueCall { return c; }, call);
 }
 
+std::optional<AnyCall> narrow(const CatalogueCall& call) {
+  return std::visit(
+      [](const auto& c) -> std::optional<AnyCall> {
+        if constexpr (std::is_constructible_v<AnyCall, decltype(c)>) return AnyCall(c);
+        else return std::nullopt;
+      },
+      call);
+}
+
 Entry entry_of(const AnyCall& call) { return entry_of_variant(call); }
 Entry entry_of(const CatalogueCall& call) { return entry_of_variant(call); }
 

@@ -158,6 +158,8 @@ using AnyCall = std::variant<DecodeCall, PrefillCall, VerifyCall, CommitCall>;
 using CatalogueCall = std::variant<DecodeCall, PrefillCall, VerifyCall, CommitCall,
                                    RecordVerifyCall, ReplayCommitCall, AcceptVerifyCall>;
 CatalogueCall widen(const AnyCall& call);
+// The call as an AnyCall, when its entry point is one of AnyCall's four.
+std::optional<AnyCall> narrow(const CatalogueCall& call);
 
 Entry entry_of(const AnyCall& call);
 Entry entry_of(const CatalogueCall& call);
