@@ -11,51 +11,69 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "gen_calls.h"
 #include "kdaguard/contracts/validate.h"
 #include "mutations.h"
+#include "record_mutations.h"
 
 namespace kdaguard::support {
 namespace {
 
-// Rules of the record-based entry points alone: the generators here build AnyCall's four entry
-// points only; their single-rule breakages are contracts/tests/validate_record_rules_test.cpp's
-// cases until a record-call generator and mutation table exist.
-bool record_only(RuleId rule) { return (rule_info(rule).entry_mask & entry_masks::kDPVC) == 0; }
-
-void mutation_breaks(RuleId rule) {
-  if (record_only(rule)) RC_SUCCEED("record-only rule: see validate_record_rules_test.cpp");
-  const auto mutations = mutations_for(rule);
-  RC_ASSERT(!mutations.empty());
-  const Mutation& m = *mutations[*rc::gen::inRange<std::size_t>(0, mutations.size())];
-  const Entry e = *gen_entry(m.entry_mask);
-  const auto broken = *rc::gen::exec([&] {
-    RapidCheckChooser choose;
-    return mutated_call(m, e, choose);
-  });
-  RC_TAG(m.name, entry_name(e));
-  const Verdict verdict = validate(broken.call);
+// A broken call's verdict against what its mutation promised: `rule` among the violations, a
+// message of that rule holding every text the mutation gave, and nothing else when exclusive.
+void check_verdict(RuleId rule, std::string_view mutation, Entry e, bool exclusive,
+                   const std::vector<std::string>& texts, const Verdict& verdict) {
   if (!verdict.breaks(rule))
-    RC_FAIL(fmt::format("mutation \"{}\" on {} is not reported as {}; verdict: {}", m.name,
+    RC_FAIL(fmt::format("mutation \"{}\" on {} is not reported as {}; verdict: {}", mutation,
                         entry_name(e), rule_id(rule), describe(verdict)));
   // Its message names the argument and the expected and actual values, as the mutation says.
-  RC_ASSERT(!broken.message_texts.empty());
+  RC_ASSERT(!texts.empty());
   const bool said = std::any_of(verdict.violations.begin(), verdict.violations.end(), [&](const Violation& v) {
-    return v.rule == rule && std::all_of(broken.message_texts.begin(), broken.message_texts.end(),
-                                         [&](const std::string& text) {
-                                           return v.message.find(text) != std::string::npos;
-                                         });
+    return v.rule == rule && std::all_of(texts.begin(), texts.end(), [&](const std::string& text) {
+             return v.message.find(text) != std::string::npos;
+           });
   });
   if (!said)
-    RC_FAIL(fmt::format("mutation \"{}\" on {}: no {} message says all of \"{}\"; verdict: {}", m.name,
-                        entry_name(e), rule_id(rule), fmt::join(broken.message_texts, "\", \""),
-                        describe(verdict)));
-  if (!m.exclusive) return;
+    RC_FAIL(fmt::format("mutation \"{}\" on {}: no {} message says all of \"{}\"; verdict: {}", mutation,
+                        entry_name(e), rule_id(rule), fmt::join(texts, "\", \""), describe(verdict)));
+  if (!exclusive) return;
   for (const Violation& v : verdict.violations)
     if (v.rule != rule)
-      RC_FAIL(fmt::format("mutation \"{}\" on {} should break {} alone; verdict: {}", m.name,
+      RC_FAIL(fmt::format("mutation \"{}\" on {} should break {} alone; verdict: {}", mutation,
                           entry_name(e), rule_id(rule), describe(verdict)));
+}
+
+// One of the rule's mutations, of gen_calls' entry points or of the record-based ones
+// (record_mutations.h), on one of the entry points it applies to.
+void mutation_breaks(RuleId rule) {
+  const auto mutations = mutations_for(rule);
+  const auto record_mutations = record_mutations_for(rule);
+  RC_ASSERT(!mutations.empty() || !record_mutations.empty());
+  const std::size_t i =
+      *rc::gen::inRange<std::size_t>(0, mutations.size() + record_mutations.size());
+  if (i < mutations.size()) {
+    const Mutation& m = *mutations[i];
+    const Entry e = *gen_entry(m.entry_mask);
+    // By value: RapidCheck runs the lambda again while shrinking, after this frame is gone.
+    const auto broken = *rc::gen::exec([&m, e] {
+      RapidCheckChooser choose;
+      return mutated_call(m, e, choose);
+    });
+    RC_TAG(m.name, entry_name(e));
+    check_verdict(rule, m.name, e, m.exclusive, broken.message_texts, validate(broken.call));
+    return;
+  }
+  const RecordMutation& m = *record_mutations[i - mutations.size()];
+  const Entry e = *gen_record_entry(m.entry_mask);
+  const auto broken = *rc::gen::exec([&m, e] {
+    RapidCheckChooser choose;
+    return mutated_record_call(m, e, choose);
+  });
+  RC_TAG(m.name, entry_name(e));
+  check_verdict(rule, m.name, e, m.exclusive, broken.message_texts, validate(broken.call));
 }
 
 #define KDAGUARD_RULE(ident, id, tier, entries, inputs, meaning) \
@@ -63,14 +81,17 @@ void mutation_breaks(RuleId rule) {
 #include "kdaguard/contracts/rule_list.inc"
 #undef KDAGUARD_RULE
 
-// The table covers the catalogue: every rule, on every entry point the rule applies to, has a
+// The tables cover the catalogue: every rule, on every entry point the rule applies to, has a
 // mutation, and no mutation claims an entry point its rule does not apply to.
 TEST(ContractsMutations, TableCoversEveryRuleOnEveryEntryPoint) {
   for (const RuleInfo& info : rule_catalogue()) {
-    for (Entry e : {Entry::decode, Entry::prefill, Entry::verify, Entry::commit}) {
+    for (int i = 0; i < kEntryCount; ++i) {
+      const Entry e = static_cast<Entry>(i);
       if (!info.applies_to(e)) continue;
       bool covered = false;
       for (const Mutation* m : mutations_for(info.rule)) covered = covered || m->applies_to(e);
+      for (const RecordMutation* m : record_mutations_for(info.rule))
+        covered = covered || m->applies_to(e);
       EXPECT_TRUE(covered) << info.id << " has no mutation on " << entry_name(e);
     }
   }
@@ -78,6 +99,13 @@ TEST(ContractsMutations, TableCoversEveryRuleOnEveryEntryPoint) {
     EXPECT_EQ(m.entry_mask & ~rule_info(m.rule).entry_mask, 0)
         << "mutation \"" << m.name << "\" claims entry points " << rule_id(m.rule)
         << " does not apply to";
+  for (const RecordMutation& m : record_mutation_table()) {
+    EXPECT_EQ(m.entry_mask & ~rule_info(m.rule).entry_mask, 0)
+        << "record mutation \"" << m.name << "\" claims entry points " << rule_id(m.rule)
+        << " does not apply to";
+    EXPECT_EQ(m.entry_mask & entry_masks::kDPVC, 0)
+        << "record mutation \"" << m.name << "\" claims one of gen_calls' entry points";
+  }
 }
 
 // Every rule has at least one exclusive mutation: the property above then also proves that the
@@ -86,11 +114,10 @@ TEST(ContractsMutations, EveryRuleCanBeBrokenAlone) {
   std::set<RuleId> alone;
   for (const Mutation& m : mutation_table())
     if (m.exclusive) alone.insert(m.rule);
-  for (const RuleInfo& info : rule_catalogue()) {
-    if (!record_only(info.rule)) {
-      EXPECT_TRUE(alone.count(info.rule)) << info.id << " has no exclusive mutation";
-    }
-  }
+  for (const RecordMutation& m : record_mutation_table())
+    if (m.exclusive) alone.insert(m.rule);
+  for (const RuleInfo& info : rule_catalogue())
+    EXPECT_TRUE(alone.count(info.rule)) << info.id << " has no exclusive mutation";
 }
 
 }  // namespace
