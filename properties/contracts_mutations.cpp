@@ -1,8 +1,10 @@
 // Property 2: for every rule of the catalogue, a valid call broken by one of that rule's
 // mutations is rejected with that rule among its violations; a mutation designed to break that
 // rule alone leaves it the only one, and the rule's message says what the mutation did (the
-// argument, the expected and the actual value). One property per rule (generated from
-// rule_list.inc), so a rule whose check goes missing fails a test named after it.
+// argument, the expected and the actual value). The mutations come from gen_calls' table
+// (mutations.h) and, for the record-based entry points, record_mutations.h's. One property per
+// rule (generated from rule_list.inc), so a rule whose check goes missing fails a test named
+// after it.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
