@@ -290,6 +290,9 @@ std::vector<bool> faulty_rows(const ProblemSpec& s, const IndexValues& v) {
         f = row_rules::row_faults(row_rules::CommitRows<HostIndex>{N, T, S, scratch_slots, cu, slots, row_map,
                                                                    scratch, index(Arg::accepted)}, n);
         break;
+      case Entry::record_verify:
+      case Entry::replay_commit:
+      case Entry::accept_verify: break;  // no GPU kernels for the record-based path yet
     }
     faulty[static_cast<std::size_t>(n)] = f != 0;
   }
@@ -418,6 +421,9 @@ std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<
       case Entry::commit:
         if (s.slots[n] >= 0 && s.accepted[n] > 0) slot(*p.commit->state, s.slots[n]);
         break;
+      case Entry::record_verify:
+      case Entry::replay_commit:
+      case Entry::accept_verify: break;  // no GPU kernels for the record-based path yet
     }
   }
   return regions;

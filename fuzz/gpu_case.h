@@ -95,6 +95,9 @@ inline std::vector<PlantKind> plant_kinds(const ProblemSpec& s) {
       }
       if (s.extra_index_entries > 0) kinds.push_back(K::junk_past_rows);
       break;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // no GPU kernels for the record-based path yet
   }
   return kinds;
 }

@@ -1,5 +1,5 @@
 // Writes the seed corpora: corpus/fuzz_contracts, corpus/fuzz_check_json, corpus/fuzz_reference,
-// corpus/fuzz_gpu.
+// corpus/fuzz_gpu, corpus/fuzz_records.
 //   fuzz_seed_writer <corpus root>
 // Byte-driven targets get inputs recorded from the targets' own drawing code (RecordingChooser),
 // so each seed means what its name says: a valid call of each entry point, every catalogue
@@ -22,6 +22,7 @@
 #include "fuzz_chooser.h"
 #include "gpu_case.h"
 #include "kdaguard/callio.h"
+#include "records_case.h"
 #include "reference_case.h"
 
 namespace kdaguard::support {
@@ -261,6 +262,54 @@ void write_gpu(const fs::path& dir) {
   std::printf("%s: %d inputs\n", dir.string().c_str(), files);
 }
 
+// fuzz_records: a valid call of each record entry point, every record mutation on each entry
+// point it applies to (no edits after it), edited calls, and reference problems.
+void write_records(const fs::path& dir) {
+  fs::create_directories(dir);
+  int files = 0;
+  std::uint64_t seed = 1;
+  // A recorded input whose case has edits (or none) as wanted, checked to replay.
+  auto input = [&](std::deque<std::int64_t> script, bool edits) {
+    for (;; ++seed) {
+      SeededChooser random(seed * 6151);
+      ScriptedChooser scripted(script, random);
+      RecordingChooser record(scripted);
+      const RecordsCase c = draw_records_case(record);
+      if (c.mode == RecordsMode::contracts && (c.edits > 0) != edits) continue;
+      const auto bytes = record.bytes();
+      FuzzedDataProvider data(bytes.data(), bytes.size());
+      FuzzChooser replay(data);
+      const RecordsCase again = draw_records_case(replay);
+      if (c.mode == RecordsMode::contracts &&
+          describe_catalogue_call(again.call.call) != describe_catalogue_call(c.call.call)) {
+        std::fprintf(stderr, "seed writer: recorded fuzz_records input does not replay\n");
+        std::exit(1);
+      }
+      ++seed;
+      return bytes;
+    }
+  };
+  const auto table = record_mutation_table();
+  for (std::size_t e = 0; e < std::size(kRecordEntries); ++e) {
+    const Entry entry = kRecordEntries[e];
+    const auto i = static_cast<std::int64_t>(e);
+    write_file(dir / fmt::format("{}_valid", entry_name(entry)), input({0, i, -1}, false));
+    write_file(dir / fmt::format("{}_edited", entry_name(entry)), input({0, i, -1}, true));
+    files += 2;
+    for (std::size_t m = 0; m < table.size(); ++m) {
+      if (!table[m].applies_to(entry)) continue;
+      write_file(dir / fmt::format("{}_{}_{}", entry_name(entry), m, file_name(table[m].name)),
+                 input({0, i, static_cast<std::int64_t>(m)}, false));
+      ++files;
+    }
+  }
+  for (int problem = 1; problem <= 8; ++problem) {
+    write_file(dir / fmt::format("reference_{}", problem), input({1}, false));
+    ++files;
+  }
+  std::printf("%s: %d inputs\n", dir.string().c_str(), files);
+}
+
 }  // namespace
 }  // namespace kdaguard::support
 
@@ -277,5 +326,6 @@ int main(int argc, char** argv) {
   write_check_json(root / "fuzz_check_json", calls);
   write_reference(root / "fuzz_reference");
   write_gpu(root / "fuzz_gpu");
+  write_records(root / "fuzz_records");
   return 0;
 }

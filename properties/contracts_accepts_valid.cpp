@@ -5,6 +5,7 @@
 
 #include "gen_calls.h"
 #include "kdaguard/contracts/validate.h"
+#include "record_calls.h"
 
 namespace kdaguard::support {
 namespace {
@@ -21,6 +22,33 @@ RC_GTEST_PROP(ContractsAcceptValid, Decode, ()) { accepts_every_valid_call(Entry
 RC_GTEST_PROP(ContractsAcceptValid, Prefill, ()) { accepts_every_valid_call(Entry::prefill); }
 RC_GTEST_PROP(ContractsAcceptValid, Verify, ()) { accepts_every_valid_call(Entry::verify); }
 RC_GTEST_PROP(ContractsAcceptValid, Commit, ()) { accepts_every_valid_call(Entry::commit); }
+
+// The record-based entry points (record_calls.h): accepted, and a value rule is deferred only
+// where an index tensor came without host values.
+void accepts_every_valid_record_call(Entry e) {
+  const auto g = *gen_record_call(e);
+  const Verdict verdict = validate(g.call);
+  RC_TAG(g.plan.base.arena ? "arena" : "own buffers");
+  if (!verdict.accepted()) RC_FAIL(describe(verdict));
+  bool some_values_missing = false;
+  for_each_argument(g.call, [&](Arg, const OptionalView& v) {
+    if (v && !v->values && (v->dtype == DType::i32 || v->dtype == DType::i64))
+      some_values_missing = true;
+  });
+  RC_ASSERT(some_values_missing || verdict.deferred.empty());
+  const bool predicted = std::visit([](const auto& c) { return defers_value_rules(c); }, g.call);
+  RC_ASSERT(predicted == !verdict.deferred.empty());
+}
+
+RC_GTEST_PROP(ContractsAcceptValid, RecordVerify, ()) {
+  accepts_every_valid_record_call(Entry::record_verify);
+}
+RC_GTEST_PROP(ContractsAcceptValid, ReplayCommit, ()) {
+  accepts_every_valid_record_call(Entry::replay_commit);
+}
+RC_GTEST_PROP(ContractsAcceptValid, AcceptVerify, ()) {
+  accepts_every_valid_record_call(Entry::accept_verify);
+}
 
 // Deferred checks are value rules, and only calls that lack some host values defer any; every
 // index tensor without host values has its value rules deferred (but the row map, which explicit

@@ -212,6 +212,9 @@ const TensorView* slot_map(const HostProblem& p) {
     case Entry::prefill: return &*std::get<PrefillCall>(p.call).initial_state_indices;
     case Entry::verify:
     case Entry::commit: return &*p.verify->cache_indices;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // no record-based problems here
   }
   return nullptr;
 }

@@ -10,6 +10,11 @@
 // draft tokens). After every command, every live request's slot in the shared pool must equal
 // its model state bit for bit.
 //
+// Speculation also takes the record path (contracts/NOTES.md): record_verify into the engine's
+// record buffer, then replay_commit of the accepted steps. Its model is the same record path run
+// for the request alone (bit for bit again), and the committed state must agree with the
+// state-writing path (decoding the accepted tokens) within kda-math.md's tolerances.
+//
 // The engine passes a permuted row map without scratch_indices some of the time, as the engine
 // of seed 000 did; the contracts refuse that call (verify.row_map_identity), untouched memory
 // is checked, and the engine retries with explicit scratch_indices. The last test plants the
@@ -223,6 +228,42 @@ Bytes decode_alone(const LoopConfig& c, const Bytes& state, const Token& token) 
   return pool.bytes(c);
 }
 
+// The record path for a request alone: record_verify of its draft into records of its own, then
+// replay_commit of the first `accepted` steps.
+Bytes records_alone(const LoopConfig& c, const Bytes& state, const std::vector<Token>& draft,
+                    i64 T, i64 accepted) {
+  LonePool pool(c, state);
+  TokenBatch batch(c, draft);
+  const i64 width = 2 * c.K + c.V;
+  const Allocation records("lone_records", static_cast<std::size_t>(T * c.HV * width * 4));
+  TensorView records_view = TensorView::contiguous(DType::f32, {1, T, c.HV, width});
+  records_view.address = records.address();
+  records_view.storage_size = Elements{T * c.HV * width};
+  const std::vector<i64> cu{0, static_cast<i64>(draft.size())};
+  const Allocation cu_buffer = index_buffer("cu", cu), slot = index_buffer("slot", {0}),
+                   accepted_buffer = index_buffer("accepted", {accepted});
+  RecordVerifyCall verify;
+  batch.attach(verify);
+  verify.cu_seqlens = index_view(cu_buffer, cu, true, {2});
+  verify.state = pool.view;
+  verify.cache_indices = index_view(slot, {0}, true, {1});
+  verify.records = records_view;
+  verify.scalars.draft_token_num = T;
+  Status s = reference::record_verify(verify);
+  if (!s.ok()) RC_FAIL("model record_verify refused: " + to_string(s));
+  ReplayCommitCall commit;
+  commit.device = Device{Device::Kind::cpu, 0};
+  commit.records = records_view;
+  commit.state = pool.view;
+  commit.cache_indices = verify.cache_indices;
+  commit.accepted = index_view(accepted_buffer, {accepted}, true, {1});
+  commit.cu_seqlens = verify.cu_seqlens;
+  commit.scalars.draft_token_num = T;
+  s = reference::replay_commit(commit);
+  if (!s.ok()) RC_FAIL("model replay_commit refused: " + to_string(s));
+  return pool.bytes(c);
+}
+
 Bytes prefill_alone(const LoopConfig& c, const Bytes& state, const std::vector<Token>& tokens) {
   LonePool pool(c, state);
   TokenBatch batch(c, tokens);
@@ -246,6 +287,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Status run(const AnyCall& call) { return reference::run(call); }
+  // The record-based entry points (not AnyCall's: the CUDA backend has no kernels for them yet).
+  virtual Status run_records(const CatalogueCall& call) { return reference::run_catalogue(call); }
 };
 
 // The seed-000 bug, planted: a verify without scratch_indices is run with the identity row map,
@@ -271,17 +314,29 @@ class IdentityRowMapDouble final : public Backend {
 struct Engine {
   LoopConfig config;
   std::unique_ptr<Backend> backend;
-  Allocation pool, scratch;
+  Allocation pool, scratch, records;
 
   Engine(const LoopConfig& c, std::unique_ptr<Backend> b)
       : config(c),
         backend(std::move(b)),
         pool("pool", static_cast<std::size_t>(c.slots * c.slot_stride() * element_size(c.state))),
         scratch("scratch", static_cast<std::size_t>(c.scratch_rows * c.scratch_steps * c.slot_stride() *
-                                                    element_size(c.state))) {
+                                                    element_size(c.state))),
+        records("records", static_cast<std::size_t>(c.scratch_rows * c.scratch_steps * c.HV *
+                                                    (2 * c.K + c.V) * 4)) {
     // Stale garbage everywhere: nothing may rely on fresh memory.
     for (std::size_t i = 0; i < pool.bytes(); ++i) pool.data()[i] = std::byte{0x5a};
     for (std::size_t i = 0; i < scratch.bytes(); ++i) scratch.data()[i] = std::byte{0xa5};
+    for (std::size_t i = 0; i < records.bytes(); ++i) records.data()[i] = std::byte{0x3c};
+  }
+
+  // [scratch_rows, scratch_steps, HV, 2K+V] of f32: row n of a batch owns records[n].
+  TensorView records_view() const {
+    TensorView t = TensorView::contiguous(DType::f32, {config.scratch_rows, config.scratch_steps,
+                                                       config.HV, 2 * config.K + config.V});
+    t.address = records.address();
+    t.storage_size = Elements{static_cast<i64>(records.bytes()) / 4};
+    return t;
   }
 
   std::byte* slot_data(i64 slot) const {
@@ -585,6 +640,107 @@ struct Speculate final : Command {
   }
 };
 
+// The state of a slot's bytes as f64 (the pool's dtype).
+std::vector<double> floats_of(const LoopConfig& c, const Bytes& bytes) {
+  std::vector<double> x(static_cast<std::size_t>(c.slot_elements()));
+  for (i64 i = 0; i < c.slot_elements(); ++i) x[i] = numeric::load(bytes.data(), c.state, i);
+  return x;
+}
+
+// Speculation on the record path: record_verify of T draft tokens per row into the engine's
+// records (row n of the batch in records[n]), then replay_commit of a random accepted prefix.
+struct SpeculateByRecords final : Command {
+  std::vector<i64> ids;       // -1: a padding row
+  std::vector<i64> lengths;   // draft tokens per row, <= T
+  std::vector<i64> accepted;  // <= length
+  i64 T = 1;
+  std::uint64_t seed;
+
+  explicit SpeculateByRecords(const Model& m) : seed(*rc::gen::arbitrary<std::uint64_t>()) {
+    const LoopConfig& c = m.config;
+    ids = draw_batch(m, static_cast<std::size_t>(c.scratch_rows));
+    if (ids.empty()) return;
+    if (static_cast<i64>(ids.size()) < c.scratch_rows && *rc::gen::inRange(0, 3) == 0)
+      ids.insert(ids.begin() + *rc::gen::inRange<std::size_t>(0, ids.size() + 1), -1);
+    T = *rc::gen::inRange<i64>(1, c.scratch_steps + 1);
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      lengths.push_back(*rc::gen::inRange<i64>(0, T + 1));
+      accepted.push_back(*rc::gen::inRange<i64>(0, lengths.back() + 1));
+    }
+  }
+
+  std::vector<Token> draft(const LoopConfig& c, std::size_t row) const {
+    std::vector<Token> tokens;
+    for (i64 t = 0; t < lengths[row]; ++t)
+      tokens.push_back(make_token(c, token_seed(seed, static_cast<i64>(row), t)));
+    return tokens;
+  }
+
+  void checkPreconditions(const Model& m) const override { RC_PRE(all_live(m, ids)); }
+  void apply(Model& m) const override {
+    for (std::size_t r = 0; r < ids.size(); ++r)
+      if (ids[r] >= 0)
+        m.state[ids[r]] = records_alone(m.config, m.state[ids[r]], draft(m.config, r), T, accepted[r]);
+  }
+
+  void run(const Model& m, Engine& e) const override {
+    const LoopConfig& c = m.config;
+    const i64 n = static_cast<i64>(ids.size());
+    std::vector<Token> tokens;
+    std::vector<i64> cu{0}, slots;
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      for (Token& t : draft(c, r)) tokens.push_back(std::move(t));
+      cu.push_back(static_cast<i64>(tokens.size()));
+      slots.push_back(ids[r] >= 0 ? m.slot.at(ids[r]) : -1);
+    }
+    TokenBatch batch(c, tokens);
+    const Allocation cu_buffer = index_buffer("cu", cu), slot_buffer = index_buffer("cache", slots),
+                     accepted_buffer = index_buffer("accepted", accepted);
+    const bool copies = seed & 1;
+
+    RecordVerifyCall verify;
+    batch.attach(verify);
+    verify.cu_seqlens = index_view(cu_buffer, cu, copies, {n + 1});
+    verify.state = e.pool_view();
+    verify.cache_indices = index_view(slot_buffer, slots, copies, {n});
+    verify.records = e.records_view();
+    verify.scalars.draft_token_num = T;
+    Status s = e.backend->run_records(verify);
+    if (!s.ok()) RC_FAIL("record_verify refused: " + to_string(s));
+    expect_pool_matches(m, e, "record_verify (it writes no state)");
+
+    ReplayCommitCall commit;
+    commit.device = Device{Device::Kind::cpu, 0};
+    commit.records = e.records_view();
+    commit.state = e.pool_view();
+    commit.cache_indices = verify.cache_indices;
+    commit.accepted = index_view(accepted_buffer, accepted, copies, {n});
+    commit.cu_seqlens = verify.cu_seqlens;
+    commit.scalars.draft_token_num = T;
+    s = e.backend->run_records(commit);
+    if (!s.ok()) RC_FAIL("replay_commit refused: " + to_string(s));
+    expect_pool_matches(nextState(m), e, "speculation by records");
+
+    // Against the state-writing path: the accepted tokens decoded one by one.
+    const double tolerance = c.state == DType::f32 ? 1e-5 : 1e-2;
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      if (ids[r] < 0 || accepted[r] == 0) continue;
+      Bytes decoded = m.state.at(ids[r]);
+      const auto tokens_of_row = draft(c, r);
+      for (i64 t = 0; t < accepted[r]; ++t) decoded = decode_alone(c, decoded, tokens_of_row[t]);
+      const auto error = reference::compare(floats_of(c, e.slot_bytes(slots[r])), floats_of(c, decoded));
+      if (!error.pass(tolerance))
+        RC_FAIL(fmt::format("speculation by records: request {} differs from decoding its {} "
+                            "accepted tokens: {} (tolerance {})",
+                            ids[r], accepted[r], error.to_string(), tolerance));
+    }
+  }
+  void show(std::ostream& os) const override {
+    os << fmt::format("SpeculateByRecords(rows {}, T {}, lengths {}, accepted {})",
+                      fmt::join(ids, ","), T, fmt::join(lengths, ","), fmt::join(accepted, ","));
+  }
+};
+
 template <class BackendT> void serving_loop() {
   LoopConfig config;
   config.HV = *rc::gen::inRange<i64>(1, 3);
@@ -594,7 +750,7 @@ template <class BackendT> void serving_loop() {
   Engine engine(config, std::make_unique<BackendT>());
   rc::state::check(initial, engine,
                    rc::state::gen::execOneOfWithArgs<Admit, Admit, Evict, Move, Prefill, Decode,
-                                                     Speculate, Speculate>());
+                                                     Speculate, Speculate, SpeculateByRecords>());
 }
 
 RC_GTEST_PROP(ServingLoop, SharedPoolMatchesEachRequestAlone, ()) { serving_loop<Backend>(); }

@@ -38,7 +38,8 @@ bool read_all(const std::string& path, std::string& text, std::string& problem) 
 
 int run(int argc, char** argv) {
   CLI::App app{"kdaguard: the preconditions of the Kimi Delta Attention kernels (decode, prefill, "
-               "verify, commit), listed and checked.",
+               "verify, commit, and the record-based record_verify, replay_commit, accept_verify), "
+               "listed and checked.",
                "kdaguard"};
   app.set_version_flag("--version", std::string("kdaguard ") + KDAGUARD_VERSION);
   app.require_subcommand(1);

@@ -20,6 +20,7 @@ constexpr std::uint32_t cu_seqlens = arg_bit(Arg::cu_seqlens);
 constexpr std::uint32_t scratch_row_map = arg_bit(Arg::scratch_row_map);
 constexpr std::uint32_t scratch_indices = arg_bit(Arg::scratch_indices);
 constexpr std::uint32_t accepted = arg_bit(Arg::accepted);
+constexpr std::uint32_t prior_accepted = arg_bit(Arg::prior_accepted);
 }  // namespace reads
 
 constexpr std::array kCatalogue = {
@@ -58,6 +59,9 @@ static_assert(value_rules_of(Entry::decode) == row_rules::kDecodeRules);
 static_assert(value_rules_of(Entry::prefill) == row_rules::kPrefillRules);
 static_assert(value_rules_of(Entry::verify) == row_rules::kVerifyRules);
 static_assert(value_rules_of(Entry::commit) == row_rules::kCommitRules);
+static_assert(value_rules_of(Entry::record_verify) == row_rules::kRecordVerifyRules);
+static_assert(value_rules_of(Entry::replay_commit) == row_rules::kReplayCommitRules);
+static_assert(value_rules_of(Entry::accept_verify) == row_rules::kAcceptVerifyRules);
 
 }  // namespace
 
@@ -67,13 +71,16 @@ std::string_view entry_name(Entry e) {
     case Entry::prefill: return "prefill";
     case Entry::verify: return "verify";
     case Entry::commit: return "commit";
+    case Entry::record_verify: return "record_verify";
+    case Entry::replay_commit: return "replay_commit";
+    case Entry::accept_verify: return "accept_verify";
   }
   return "?";
 }
 
 std::optional<Entry> entry_from_name(std::string_view name) {
-  for (Entry e : {Entry::decode, Entry::prefill, Entry::verify, Entry::commit})
-    if (entry_name(e) == name) return e;
+  for (int e = 0; e < kEntryCount; ++e)
+    if (entry_name(static_cast<Entry>(e)) == name) return static_cast<Entry>(e);
   return std::nullopt;
 }
 

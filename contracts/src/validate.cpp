@@ -114,7 +114,9 @@ std::string stride_text(const TensorView& t) {
 // ------------------------------------------------------------------------------------------------
 
 // A symbolic size. kRows is B (decode) or T_tot (prefill, verify): the rows of q.
-enum class Dim : std::uint8_t { kRows, kH, kK, kHV, kV, kHVxK, kSlots, kN, kNPlus1, kT, kAny };
+enum class Dim : std::uint8_t {
+  kRows, kH, kK, kHV, kV, kHVxK, kSlots, kN, kNPlus1, kT, kRecordWidth, kAny
+};
 
 enum class DTypeRule : std::uint8_t {
   kIo,           // bf16, f16 or f32; the dtype of q for every argument but q itself
@@ -194,6 +196,33 @@ constexpr std::array kVerifySpecs = {
     spec(Arg::cache_indices, kScalars, kI32, false, true, {kN}),
     kScratchSpec, kRowMap, kScratchIndices, kOut};
 
+// A record buffer [S_rec, T_alloc, HV, 2K+V] of f32, read or written with 16-byte vectors along
+// its contiguous last dim; its two outer sizes have rules of their own (records.rows,
+// records.steps).
+constexpr ArgSpec records_spec(Arg arg, bool output) {
+  return spec(arg, kVector, kF32, output, false, {kAny, kAny, kHV, kRecordWidth});
+}
+constexpr ArgSpec kCacheIndicesN = spec(Arg::cache_indices, kScalars, kI32, false, true, {kN});
+constexpr ArgSpec kCuSeqlensI32 = spec(Arg::cu_seqlens, kScalars, kI32, false, false, {kNPlus1});
+constexpr ArgSpec kAccepted = spec(Arg::accepted, kScalars, kI32, false, false, {kN});
+
+constexpr std::array kRecordVerifySpecs = {
+    kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta, kCuSeqlensI32,
+    spec(Arg::state, kPool, kState, false, false, {kSlots, kHV, kV, kK}),
+    kCacheIndicesN, records_spec(Arg::records, true), kOut};
+
+constexpr std::array kReplayCommitSpecs = {
+    records_spec(Arg::records, false),
+    spec(Arg::state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
+    kCacheIndicesN, kAccepted, kCuSeqlensI32};
+
+constexpr std::array kAcceptVerifySpecs = {
+    kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta, kCuSeqlensI32,
+    spec(Arg::state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
+    kCacheIndicesN, records_spec(Arg::prior_records, false),
+    spec(Arg::prior_accepted, kScalars, kI32, false, false, {kN}),
+    records_spec(Arg::records, true), kOut};
+
 constexpr std::array kCommitSpecs = {
     kScratchSpec, kRowMap, kScratchIndices,
     spec(Arg::state, kPool, kState, true, false, {kSlots, kHV, kV, kK}),
@@ -207,7 +236,13 @@ constexpr std::array kCommitSpecs = {
 
 struct Dims {
   std::optional<i64> rows, H, K, HV, V, slots, N, T, scratch_rows, scratch_steps;
+  std::optional<i64> record_rows, record_steps, prior_record_rows, prior_record_steps;
 };
+
+// Entry points without q, k, v, gates or out: their dims come from the state pool.
+bool has_token_inputs(Entry e) { return e != Entry::commit && e != Entry::replay_commit; }
+// Entry points with a draft-token count T and accepted counts or rows of at most T tokens.
+bool speculative(Entry e) { return e != Entry::decode && e != Entry::prefill; }
 
 struct Context {
   Entry entry;
@@ -245,7 +280,7 @@ void derive_dims(Context& ctx) {
   const TensorView* state =
       ctx.entry == Entry::prefill ? ctx.view(Arg::initial_state) : ctx.view(Arg::state);
   const TensorView* scratch = ctx.view(Arg::scratch);
-  if (ctx.entry == Entry::commit) {
+  if (!has_token_inputs(ctx.entry)) {
     d.HV = dim_of(state, 1, 4);
     d.V = dim_of(state, 2, 4);
     d.K = dim_of(state, 3, 4);
@@ -260,12 +295,16 @@ void derive_dims(Context& ctx) {
   d.slots = dim_of(state, 0, 4);
   if (ctx.entry == Entry::decode) {
     d.N = d.rows;
-  } else if (ctx.entry != Entry::commit) {
+  } else if (has_token_inputs(ctx.entry)) {
     if (auto cu = dim_of(ctx.view(Arg::cu_seqlens), 0, 1); cu && *cu >= 1) d.N = *cu - 1;
   }
   if (ctx.scalars->draft_token_num) d.T = *ctx.scalars->draft_token_num;
   d.scratch_rows = dim_of(scratch, 0, 5);
   d.scratch_steps = dim_of(scratch, 1, 5);
+  d.record_rows = dim_of(ctx.view(Arg::records), 0, 4);
+  d.record_steps = dim_of(ctx.view(Arg::records), 1, 4);
+  d.prior_record_rows = dim_of(ctx.view(Arg::prior_records), 0, 4);
+  d.prior_record_steps = dim_of(ctx.view(Arg::prior_records), 1, 4);
 }
 
 std::optional<i64> expected_size(const Dims& d, Dim dim) {
@@ -284,6 +323,9 @@ std::optional<i64> expected_size(const Dims& d, Dim dim) {
       if (d.N) return saturating_add(*d.N, 1);  // N = INT64_MAX rows: absurd, refused by arg.extent
       return std::nullopt;
     case kT: return d.T;
+    case kRecordWidth:
+      if (d.K && d.V) return saturating_add(saturating_mul(2, *d.K), *d.V);
+      return std::nullopt;
     case kAny: return std::nullopt;
   }
   return std::nullopt;
@@ -301,6 +343,7 @@ std::string_view dim_name(Dim dim, Entry entry) {
     case kN: return entry == Entry::decode ? "B" : "N";
     case kNPlus1: return entry == Entry::decode ? "B+1" : "N+1";
     case kT: return "T";
+    case kRecordWidth: return "2K+V";
     case kAny: return "any";
   }
   return "?";
@@ -382,7 +425,8 @@ bool maps_elements_one_to_one(const TensorView& t) {
 
 bool is_floating(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32; }
 
-bool dtype_allowed(DTypeRule rule, DType t, std::optional<DType> io) {
+// io: the dtype of q where the call has a floating q, else null.
+bool dtype_allowed(DTypeRule rule, DType t, const DType* io) {
   const bool floating = is_floating(t);
   switch (rule) {
     case kIo: return io ? t == *io : floating;
@@ -395,7 +439,7 @@ bool dtype_allowed(DTypeRule rule, DType t, std::optional<DType> io) {
   return false;
 }
 
-std::string dtype_expectation(DTypeRule rule, std::optional<DType> io) {
+std::string dtype_expectation(DTypeRule rule, const DType* io) {
   const std::string io_text = io ? fmt::format("{} (the dtype of q)", dtype_name(*io))
                                  : std::string("bf16, f16 or f32");
   switch (rule) {
@@ -430,10 +474,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
 
   // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
   const TensorView* q = ctx.view(Arg::q);
-  const std::optional<DType> io =
-      (q && s.arg != Arg::q && is_floating(q->dtype))
-          ? std::optional<DType>(q->dtype)
-          : std::nullopt;
+  const DType* io = q && s.arg != Arg::q && is_floating(q->dtype) ? &q->dtype : nullptr;
   if (s.arg == Arg::scratch_indices) {
     // verify.scratch_indices covers its dtype, rank and shape together.
   } else if (!dtype_allowed(s.dtype, t.dtype, io)) {
@@ -666,8 +707,21 @@ void check_presence(const Context& ctx, Report& r) {
     case Entry::commit:
       for (Arg a : {Arg::scratch, Arg::state, Arg::cache_indices, Arg::accepted}) need(a);
       break;
+    case Entry::record_verify:
+      for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::state, Arg::cache_indices,
+                    Arg::records, Arg::out})
+        need(a);
+      break;
+    case Entry::replay_commit:
+      for (Arg a : {Arg::records, Arg::state, Arg::cache_indices, Arg::accepted}) need(a);
+      break;
+    case Entry::accept_verify:
+      for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::state, Arg::cache_indices,
+                    Arg::prior_records, Arg::prior_accepted, Arg::records, Arg::out})
+        need(a);
+      break;
   }
-  if (ctx.entry != Entry::commit) {
+  if (has_token_inputs(ctx.entry)) {
     one_of(Arg::a, Arg::g);
     one_of(Arg::b, Arg::beta);
   }
@@ -680,7 +734,7 @@ void check_presence(const Context& ctx, Report& r) {
 void check_dims_and_scalars(const Context& ctx, Report& r) {
   const Dims& d = ctx.dims;
   const Scalars& s = *ctx.scalars;
-  if (ctx.entry != Entry::commit) {
+  if (has_token_inputs(ctx.entry)) {
     if (d.H && d.HV && (*d.H <= 0 || *d.HV <= 0 || *d.HV % *d.H != 0))
       r.add(RuleId::dims_heads, "v",
             fmt::format("HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", *d.HV,
@@ -706,7 +760,7 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
             fmt::format("lower_bound {} applies to a raw gate a; g is already activated",
                         *s.lower_bound));
   }
-  if (ctx.entry == Entry::verify || ctx.entry == Entry::commit) {
+  if (speculative(ctx.entry)) {
     if (!d.T || *d.T < 1)
       r.add(RuleId::verify_draft_tokens, "draft_token_num",
             d.T ? fmt::format("draft_token_num must be >= 1; got {}", *d.T)
@@ -719,6 +773,18 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
       r.add(RuleId::verify_scratch_rows, "scratch",
             fmt::format("scratch has {} rows (S_spec); the call has N = {} rows",
                         *d.scratch_rows, *d.N));
+    if (d.T && d.record_steps && *d.T > *d.record_steps)
+      r.add(RuleId::records_steps, "records",
+            fmt::format("records holds {} steps (T_alloc); the call has T = {} draft tokens",
+                        *d.record_steps, *d.T));
+    auto record_rows = [&](std::optional<i64> rows, Arg buffer) {
+      if (d.N && rows && *rows < *d.N)
+        r.add(RuleId::records_rows, arg_name(buffer),
+              fmt::format("{} has {} rows (S_rec); the call has N = {} rows", arg_name(buffer),
+                          *rows, *d.N));
+    };
+    record_rows(d.record_rows, Arg::records);
+    record_rows(d.prior_record_rows, Arg::prior_records);
   }
   // A pool with no slots while some row needs one.
   const Arg pool = ctx.entry == Entry::prefill ? Arg::initial_state : Arg::state;
@@ -833,8 +899,8 @@ void check_unique(const HostIndex& entries, i64 count, std::string_view name, i6
 // The facts a message quotes, gathered from whichever entry point's rows.
 struct RowContext {
   std::string_view slot_map_name;
-  HostIndex slots, cu, row_map, scratch_indices, accepted;
-  i64 rows = 0, num_slots = 0, scratch_slots = 0, draft_tokens = 0;
+  HostIndex slots, cu, row_map, scratch_indices, accepted, prior_accepted;
+  i64 rows = 0, num_slots = 0, scratch_slots = 0, draft_tokens = 0, prior_steps = 0;
   std::optional<i64> total_tokens;  // T_tot (not for commit)
   bool padding_allowed = true;
 };
@@ -920,6 +986,10 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
                         "is -1 (that step was not written)",
                         n, a, a - 1, n, n, a - 1));
   }
+  if (n >= 0 && fired(faults, RuleId::accept_prior_accepted))  // accept.prior_accepted
+    r.add(RuleId::accept_prior_accepted, "prior_accepted",
+          fmt::format("prior_accepted[{}] = {} is outside [0, T_alloc of prior_records = {}]", n,
+                      c.prior_accepted[n], c.prior_steps));
 }
 
 // Judges every row with the entry point's row function, then the cross-row index.unique.
@@ -928,12 +998,12 @@ void judge_rows(const Rows& rows, const RowContext& c, Report& r) {
   // Rows are only judged on known values, and a known index holds an entry per row: this bounds
   // the loop for absurd row counts.
   if (!c.slots.known() && !c.cu.known() && !c.row_map.known() && !c.scratch_indices.known() &&
-      !c.accepted.known())
+      !c.accepted.known() && !c.prior_accepted.known())
     return;
   Mask reported = 0;
   if (const Mask call = row_rules::call_faults(rows); call != 0)
     report_row(c, -1, call, reported, r);
-  for (i64 n = 0; n < rows.rows; ++n)
+  for (i64 n = 0; n < c.rows; ++n)
     if (const Mask faults = row_rules::row_faults(rows, n); faults != 0)
       report_row(c, n, faults, reported, r);
   check_unique(c.slots, c.rows, c.slot_map_name, c.num_slots, r);
@@ -944,7 +1014,7 @@ void check_values(const Context& ctx, Report& r) {
   const Entry e = ctx.entry;
   const bool verify_like = e == Entry::verify || e == Entry::commit;
   const Arg slot_map = e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices;
-  for (Arg a : {Arg::cu_seqlens, slot_map, Arg::scratch_indices, Arg::accepted})
+  for (Arg a : {Arg::cu_seqlens, slot_map, Arg::scratch_indices, Arg::accepted, Arg::prior_accepted})
     check_value_input(ctx, a, r);
   // Verify and commit read the row map only without scratch_indices.
   const bool row_map_read = value_rules_read(e, Arg::scratch_row_map, ctx.has(Arg::scratch_indices));
@@ -960,7 +1030,7 @@ void check_values(const Context& ctx, Report& r) {
   c.num_slots = d.slots.value_or(-1);
   c.padding_allowed = e != Entry::prefill;
   c.draft_tokens = T;
-  c.total_tokens = e == Entry::commit ? std::nullopt : d.rows;
+  c.total_tokens = has_token_inputs(e) ? d.rows : std::nullopt;
   c.cu = host_index(ctx, Arg::cu_seqlens, saturating_add(N, 1));
   c.slots = d.slots ? host_index(ctx, slot_map, N) : HostIndex{};
   if (verify_like) {
@@ -993,6 +1063,34 @@ void check_values(const Context& ctx, Report& r) {
                  c, r);
       check_unique(c.scratch_indices, saturating_mul(N, T), "scratch_indices", c.scratch_slots, r);
       break;
+    // The record-based path has no scratch: its rows are verify's and commit's without the
+    // scratch addressing (kRecordVerifyRules, kReplayCommitRules are those rule sets less the
+    // rules that only the scratch addressing can break).
+    case Entry::record_verify:
+      if (!d.rows) return;
+      judge_rows(row_rules::VerifyRows<HostIndex>{N, *d.rows, T, c.num_slots, 0, c.cu, c.slots,
+                                                  {}, {}},
+                 c, r);
+      break;
+    case Entry::replay_commit:
+      c.accepted = host_index(ctx, Arg::accepted, N);
+      judge_rows(row_rules::CommitRows<HostIndex>{N, T, c.num_slots, 0, c.cu, c.slots, {}, {},
+                                                  c.accepted},
+                 c, r);
+      break;
+    case Entry::accept_verify:
+      if (!d.rows) return;
+      // Prior counts are judged against prior_records' steps, when it has them.
+      if (d.prior_record_steps) {
+        c.prior_accepted = host_index(ctx, Arg::prior_accepted, N);
+        c.prior_steps = *d.prior_record_steps;
+      }
+      judge_rows(row_rules::AcceptVerifyRows<HostIndex>{
+                     {N, *d.rows, T, c.num_slots, 0, c.cu, c.slots, {}, {}},
+                     c.prior_steps,
+                     c.prior_accepted},
+                 c, r);
+      break;
   }
 }
 
@@ -1022,7 +1120,19 @@ Verdict validate(const DecodeCall& call) { return run_validation(call, kDecodeSp
 Verdict validate(const PrefillCall& call) { return run_validation(call, kPrefillSpecs); }
 Verdict validate(const VerifyCall& call) { return run_validation(call, kVerifySpecs); }
 Verdict validate(const CommitCall& call) { return run_validation(call, kCommitSpecs); }
+Verdict validate(const RecordVerifyCall& call) {
+  return run_validation(call, kRecordVerifySpecs);
+}
+Verdict validate(const ReplayCommitCall& call) {
+  return run_validation(call, kReplayCommitSpecs);
+}
+Verdict validate(const AcceptVerifyCall& call) {
+  return run_validation(call, kAcceptVerifySpecs);
+}
 Verdict validate(const AnyCall& call) {
+  return std::visit([](const auto& c) { return validate(c); }, call);
+}
+Verdict validate(const CatalogueCall& call) {
   return std::visit([](const auto& c) { return validate(c); }, call);
 }
 

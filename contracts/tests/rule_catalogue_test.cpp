@@ -34,7 +34,7 @@ TEST(RuleCatalogue, TiersMatchTheSpec) {
   const std::set<std::string> value_rules = {
       "index.range", "index.unique", "index.padding", "seqlens.start", "seqlens.monotone",
       "seqlens.total", "decode.one_token", "verify.row_length", "verify.row_map_identity",
-      "commit.accepted"};
+      "commit.accepted", "accept.prior_accepted"};
   for (const RuleInfo& r : rule_catalogue())
     EXPECT_EQ(r.tier == Tier::value, value_rules.count(std::string(r.id)) == 1) << r.id;
 }

@@ -296,7 +296,13 @@ INSTANTIATE_TEST_SUITE_P(Catalogue, SingleRule, ::testing::ValuesIn(cases()),
 TEST(SingleRule, EveryRuleHasACase) {
   std::set<RuleId> covered;
   for (const Case& c : cases()) covered.insert(c.rule);
-  for (const RuleInfo& r : rule_catalogue()) EXPECT_TRUE(covered.count(r.rule)) << r.id;
+  // Rules of the record-based entry points alone have their cases in
+  // validate_record_rules_test.cpp.
+  for (const RuleInfo& r : rule_catalogue()) {
+    if ((r.entry_mask & entry_masks::kDPVC) != 0) {
+      EXPECT_TRUE(covered.count(r.rule)) << r.id;
+    }
+  }
 }
 
 TEST(Validate, ReportsEveryViolationInADeterministicOrder) {

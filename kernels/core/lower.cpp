@@ -76,6 +76,26 @@ ScratchTarget scratch_target(const TensorView& scratch, const OptionalView& scra
   return target;
 }
 
+RecordBuffer records_of(const TensorView& t) {
+  return {static_cast<float*>(mutable_data_of(t)), t.stride[0], t.stride[1], t.stride[2],
+          t.shape[1]};
+}
+
+template <class Call>
+RecordVerifyParams record_verify_params(const Call& c) {
+  RecordVerifyParams p;
+  p.in = token_inputs(c);
+  p.total_tokens = c.q->shape[0];
+  p.rows = static_cast<std::int32_t>(c.cu_seqlens->shape[0] - 1);
+  p.draft_tokens = static_cast<std::int32_t>(*c.scalars.draft_token_num);
+  p.cu_seqlens = indices_of(c.cu_seqlens);
+  p.state = pool_of(*c.state);
+  p.cache_indices = indices_of(c.cache_indices);
+  p.records = records_of(*c.records);
+  p.out = out_of(*c.out);
+  return p;
+}
+
 }  // namespace
 
 DecodeParams lower(const DecodeCall& c) {
@@ -128,6 +148,31 @@ CommitParams lower(const CommitCall& c) {
   p.source = scratch_target(*c.scratch, c.scratch_indices, c.scratch_row_map);
   p.accepted = indices_of(c.accepted);
   p.cu_seqlens = indices_of(c.cu_seqlens);
+  return p;
+}
+
+RecordVerifyParams lower(const RecordVerifyCall& c) { return record_verify_params(c); }
+
+ReplayCommitParams lower(const ReplayCommitCall& c) {
+  ReplayCommitParams p;
+  p.rows = static_cast<std::int32_t>(c.accepted->shape[0]);
+  p.draft_tokens = static_cast<std::int32_t>(*c.scalars.draft_token_num);
+  p.HV = static_cast<std::int32_t>(c.state->shape[1]);
+  p.V = static_cast<std::int32_t>(c.state->shape[2]);
+  p.K = static_cast<std::int32_t>(c.state->shape[3]);
+  p.state = pool_of(*c.state);
+  p.cache_indices = indices_of(c.cache_indices);
+  p.records = records_of(*c.records);
+  p.accepted = indices_of(c.accepted);
+  p.cu_seqlens = indices_of(c.cu_seqlens);
+  return p;
+}
+
+AcceptVerifyParams lower(const AcceptVerifyCall& c) {
+  AcceptVerifyParams p;
+  p.verify = record_verify_params(c);
+  p.prior_records = records_of(*c.prior_records);
+  p.prior_accepted = indices_of(c.prior_accepted);
   return p;
 }
 

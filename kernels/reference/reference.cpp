@@ -32,7 +32,8 @@ bool is_index_argument(Arg a) {
     case Arg::initial_state_indices:
     case Arg::scratch_row_map:
     case Arg::scratch_indices:
-    case Arg::accepted: return true;
+    case Arg::accepted:
+    case Arg::prior_accepted: return true;
     default: return false;
   }
 }
@@ -79,11 +80,15 @@ Status admit_call(const Call& call) {
 // The recurrence
 // ------------------------------------------------------------------------------------------------
 
+}  // namespace
+
+namespace detail {
+
 // One token on one head's state S (V x K, row-major; row v is independent of the others):
 // decay the columns, correct by the prediction error on the decayed state, read the output from
-// the updated state.
+// the updated state. The prediction errors go to u when it is given (the records).
 void step(std::vector<double>& S, const TokenHead<double>& x, std::vector<double>& decay,
-          double* o) {
+          double* o, double* u_out) {
   const std::size_t K = x.k.size(), V = x.v.size();
   for (std::size_t i = 0; i < K; ++i) decay[i] = std::exp(x.g[i]);
   for (std::size_t r = 0; r < V; ++r) {
@@ -94,6 +99,7 @@ void step(std::vector<double>& S, const TokenHead<double>& x, std::vector<double
       predicted += row[i] * x.k[i];
     }
     const double u = x.beta * (x.v[r] - predicted);
+    if (u_out != nullptr) u_out[r] = u;
     double out = 0;
     for (std::size_t i = 0; i < K; ++i) {
       row[i] += u * x.k[i];
@@ -107,6 +113,13 @@ void step(std::vector<double>& S, const TokenHead<double>& x, std::vector<double
 void round_state(DType dtype, std::vector<double>& S) {
   for (double& e : S) e = numeric::round_to(dtype, e);
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::round_state;
+using detail::step;
 
 void run_decode(const DecodeParams& p) {
   const TokenInputs& in = p.in;
@@ -250,6 +263,9 @@ Status admit(const DecodeCall& call) { return admit_call(call); }
 Status admit(const PrefillCall& call) { return admit_call(call); }
 Status admit(const VerifyCall& call) { return admit_call(call); }
 Status admit(const CommitCall& call) { return admit_call(call); }
+Status admit(const RecordVerifyCall& call) { return admit_call(call); }
+Status admit(const ReplayCommitCall& call) { return admit_call(call); }
+Status admit(const AcceptVerifyCall& call) { return admit_call(call); }
 
 Status decode(const DecodeCall& call) {
   Status status = admit(call);
@@ -289,6 +305,18 @@ Status run(const AnyCall& call) {
         else if constexpr (std::is_same_v<Call, PrefillCall>) return prefill(c);
         else if constexpr (std::is_same_v<Call, VerifyCall>) return verify(c);
         else return commit(c);
+      },
+      call);
+}
+
+Status run_catalogue(const CatalogueCall& call) {
+  return std::visit(
+      [](const auto& c) -> Status {
+        using Call = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<Call, RecordVerifyCall>) return record_verify(c);
+        else if constexpr (std::is_same_v<Call, ReplayCommitCall>) return replay_commit(c);
+        else if constexpr (std::is_same_v<Call, AcceptVerifyCall>) return accept_verify(c);
+        else return run(AnyCall(c));
       },
       call);
 }

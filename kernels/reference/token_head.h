@@ -102,6 +102,13 @@ inline void store_output(const OutputRows& out, DType dtype, std::int64_t token,
   for (int i = 0; i < V; ++i) numeric::store(out.data, dtype, base + i, o[i]);
 }
 
+// The per-token recurrence on one head's V x K state (reference.cpp): u_out, when given, gets
+// the V prediction errors u = beta (v - S k) on the decayed state.
+void step(std::vector<double>& S, const TokenHead<double>& x, std::vector<double>& decay,
+          double* o, double* u_out = nullptr);
+// The state as it reads back from its storage dtype.
+void round_state(DType dtype, std::vector<double>& S);
+
 inline std::int64_t seq_offset(const PrefillParams& p, std::int64_t n) {
   return numeric::load_index(p.cu_seqlens, p.cu_seqlens_dtype, n);
 }

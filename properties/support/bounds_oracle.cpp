@@ -525,6 +525,9 @@ BoundsReport check_bounds(const AnyCall& call, std::int64_t max_ranges) {
     case Entry::prefill: walk_prefill(w); break;
     case Entry::verify: walk_verify(call, w); break;
     case Entry::commit: walk_commit(call, w); break;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // AnyCall holds none of these
   }
   w.check_overlaps();
   return report;

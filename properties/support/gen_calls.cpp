@@ -475,7 +475,9 @@ rc::Gen<GeneratedCall> gen_any_call(PlanNeeds needs) {
 // Printing
 // ------------------------------------------------------------------------------------------------
 
-std::string describe_call(const AnyCall& call) {
+namespace {
+
+template <class Call> std::string describe_any(const Call& call) {
   std::string text = fmt::format("{{\"entry\": \"{}\", \"device\": \"{}\", \"tensors\": {{",
                                  entry_name(entry_of(call)), device_name(device_of(call)));
   bool first = true;
@@ -503,6 +505,11 @@ std::string describe_call(const AnyCall& call) {
   text += fmt::format("{}}}}}", fmt::join(scalars, ", "));
   return text;
 }
+
+}  // namespace
+
+std::string describe_call(const AnyCall& call) { return describe_any(call); }
+std::string describe_catalogue_call(const CatalogueCall& call) { return describe_any(call); }
 
 bool same_verdict(const Verdict& x, const Verdict& y) {
   if (x.violations.size() != y.violations.size() || x.deferred.size() != y.deferred.size())

@@ -170,6 +170,8 @@ rc::Gen<Entry> gen_entry(std::uint8_t entry_mask = 0xF);
 // A readable one-call summary: entry, every argument's dtype/shape/strides/offset/address and
 // values, the scalars. Used by counterexample printing and fuzz findings.
 std::string describe_call(const AnyCall& call);
+// The same for any entry point of the catalogue (the record-based ones too).
+std::string describe_catalogue_call(const CatalogueCall& call);
 
 // Fake addresses used by build_call: distinct buffers sit this far apart.
 inline constexpr std::uint64_t kFakeAddressBase = 0x100000000000ull;

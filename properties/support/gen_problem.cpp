@@ -163,6 +163,9 @@ rc::Gen<ProblemSpec> gen_spec(Entry entry, GenLimits limits) {
     case Entry::prefill: return gen_prefill_spec(limits);
     case Entry::verify: return gen_verify_spec(limits);
     case Entry::commit: return gen_commit_spec(limits);
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // no record-based problems
   }
   return gen_decode_spec(limits);
 }

@@ -134,6 +134,10 @@ void drop_required(GeneratedCall& g, Chooser& c) {
     case Entry::commit:
       candidates = {Arg::scratch, Arg::state, Arg::cache_indices, Arg::accepted};
       break;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify:
+      break;  // AnyCall's entry points only (record_mutations.cpp has its own)
   }
   const Arg a = pick_arg(candidates, c);
   slot(g, a).reset();

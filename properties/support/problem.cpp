@@ -81,6 +81,9 @@ class Builder {
       case Entry::prefill: build_prefill(); break;
       case Entry::verify:
       case Entry::commit: build_speculative(); break;
+      case Entry::record_verify:
+      case Entry::replay_commit:
+      case Entry::accept_verify: break;  // not a HostProblem entry point
     }
     return std::move(p_);
   }
@@ -544,6 +547,9 @@ std::vector<WrittenRegion> HostProblem::written_regions() const {
       for (std::int64_t n = 0; n < s.rows(); ++n)
         if (s.slots[n] >= 0 && s.accepted[n] > 0) slot(*commit->state, s.slots[n], Kind::state_slot);
       break;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // not a HostProblem entry point
   }
   return regions;
 }
@@ -639,6 +645,9 @@ void HostProblem::poison_outputs() {
         if (spec.slots[n] >= 0 && spec.accepted[n] > 0)
           poison_view(slice_rows(*commit->state, spec.slots[n], 1));
       break;
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: break;  // not a HostProblem entry point
   }
 }
 

@@ -1,4 +1,4 @@
-// One call description (JSON object) <-> one AnyCall.
+// One call description (JSON object) <-> one call of any entry point of the catalogue.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -39,6 +39,14 @@ std::string scalar_list(Entry entry) {
   return list.empty() ? std::string("none") : list;
 }
 
+// Every entry point, in catalogue order: "decode, prefill, ..., accept_verify".
+std::string entry_list() {
+  std::string text;
+  for (int e = 0; e < kEntryCount; ++e)
+    text += fmt::format("{}{}", e == 0 ? "" : ", ", entry_name(static_cast<Entry>(e)));
+  return text;
+}
+
 std::string argument_list(Entry entry) {
   std::string list;
   for (int i = 0; i < kArgCount; ++i) {
@@ -73,7 +81,7 @@ class CallReader {
  public:
   std::optional<DescriptionError> error;
 
-  std::optional<AnyCall> read_call(const J& j) {
+  std::optional<CatalogueCall> read_call(const J& j) {
     if (!j.is_object())
       return fail_none("", fmt::format("a call description is a JSON object, got {}", kind(j)));
     for (const auto& [key, value] : j.items()) {
@@ -83,15 +91,15 @@ class CallReader {
     }
     const auto entry_it = j.find("entry");
     if (entry_it == j.end())
-      return fail_none("", "the field 'entry' is missing (decode, prefill, verify or commit)");
+      return fail_none("", fmt::format("the field 'entry' is missing ({})", entry_list()));
     const auto* entry_text = entry_it->template get_ptr<const typename J::string_t*>();
     if (entry_text == nullptr)
       return fail_none("/entry", fmt::format("expected a string, got {}", kind(*entry_it)));
     const std::optional<Entry> entry = entry_from_name(*entry_text);
     if (!entry)
-      return fail_none("/entry", fmt::format("unknown entry point '{}' (decode, prefill, verify, "
-                                             "commit)", shown(*entry_text)));
-    AnyCall call = make_call(*entry);
+      return fail_none("/entry", fmt::format("unknown entry point '{}' ({})", shown(*entry_text),
+                                             entry_list()));
+    CatalogueCall call = make_catalogue_call(*entry);
 
     if (const auto it = j.find("device"); it != j.end()) {
       std::optional<Device> device;
@@ -169,7 +177,7 @@ class CallReader {
     return true;
   }
 
-  bool read_tensors(const J& j, Entry entry, AnyCall& call) {
+  bool read_tensors(const J& j, Entry entry, CatalogueCall& call) {
     if (!j.is_object())
       return fail("/tensors", fmt::format("expected an object of tensors by argument name, got {}",
                                           kind(j)));
@@ -334,7 +342,7 @@ class CallReader {
 template <class J>
 CallResult parse_any(const J& description) {
   CallReader<J> reader;
-  std::optional<AnyCall> call = reader.read_call(description);
+  std::optional<CatalogueCall> call = reader.read_call(description);
   if (call) return std::move(*call);
   return *reader.error;
 }
@@ -374,7 +382,9 @@ std::string format_error(const DescriptionError& error) {
 CallResult parse_call(const Json& description) { return parse_any(description); }
 CallResult parse_call(const nlohmann::json& description) { return parse_any(description); }
 
-Json call_to_json(const AnyCall& call) {
+Json call_to_json(const AnyCall& call) { return call_to_json(widen(call)); }
+
+Json call_to_json(const CatalogueCall& call) {
   const Entry entry = entry_of(call);
   Json j = Json::object();
   j["entry"] = std::string(entry_name(entry));

@@ -294,7 +294,7 @@ int check_document(std::string_view text, const LineSink& on_verdict, const Line
             on_problem(format_error(*error));
             return;
           }
-          const AnyCall& call = std::get<AnyCall>(item.call);
+          const CatalogueCall& call = std::get<CatalogueCall>(item.call);
           const Verdict verdict = validate(call);
           rejected = rejected || !verdict.accepted();
           // Messages are the validator's own ASCII; `replace` keeps dump() from throwing anyway.

@@ -46,7 +46,7 @@ TEST(Document, OneCall) {
   ASSERT_FALSE(document.error);
   ASSERT_EQ(document.calls.size(), 1u);
   EXPECT_EQ(document.calls[0].origin, "");
-  EXPECT_TRUE(std::holds_alternative<AnyCall>(document.calls[0].call));
+  EXPECT_TRUE(std::holds_alternative<CatalogueCall>(document.calls[0].call));
 }
 
 TEST(Document, ArrayOfCalls) {
@@ -54,7 +54,7 @@ TEST(Document, ArrayOfCalls) {
   ASSERT_FALSE(document.error);
   ASSERT_EQ(document.calls.size(), 2u);
   EXPECT_EQ(document.calls[1].origin, "/1");
-  EXPECT_EQ(entry_of(std::get<AnyCall>(document.calls[1].call)), Entry::prefill);
+  EXPECT_EQ(entry_of(std::get<CatalogueCall>(document.calls[1].call)), Entry::prefill);
 }
 
 TEST(Document, JsonLinesSkipBlankLinesAndCarriageReturns) {
@@ -72,11 +72,11 @@ TEST(Document, MalformedLineIsPlacedAndTheOthersRead) {
   const Document document = parse_document(text);
   ASSERT_FALSE(document.error);
   ASSERT_EQ(document.calls.size(), 5u);
-  EXPECT_TRUE(std::holds_alternative<AnyCall>(document.calls[0].call));
+  EXPECT_TRUE(std::holds_alternative<CatalogueCall>(document.calls[0].call));
   EXPECT_EQ(std::get<DescriptionError>(document.calls[1].call).where, "line 2 /tensors/q");
   const DescriptionError& syntax = std::get<DescriptionError>(document.calls[2].call);
   EXPECT_EQ(syntax.where.rfind("line 3, column ", 0), 0u) << syntax.where;
-  EXPECT_TRUE(std::holds_alternative<AnyCall>(document.calls[3].call));
+  EXPECT_TRUE(std::holds_alternative<CatalogueCall>(document.calls[3].call));
   EXPECT_EQ(std::get<DescriptionError>(document.calls[4].call).where, "line 5");
 }
 

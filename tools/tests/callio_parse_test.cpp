@@ -35,10 +35,10 @@ DescriptionError error_of(const std::string& text) {
   return *error;
 }
 
-const AnyCall& call_of(const CallResult& result) {
+const CatalogueCall& call_of(const CallResult& result) {
   if (const auto* error = std::get_if<DescriptionError>(&result))
     ADD_FAILURE() << "malformed: " << format_error(*error);
-  return std::get<AnyCall>(result);
+  return std::get<CatalogueCall>(result);
 }
 
 const TensorView& q_of(const CallResult& result) {
@@ -52,7 +52,7 @@ TEST(ParseCall, ReadsEveryTensorField) {
       "scratch_indices": {"dtype": "i32", "shape": [2, 3], "stride": [4, 1], "storage_offset": 7,
                           "address": 18446744073709551360, "storage_size": 12, "device": "cpu",
                           "values": [0, 1, 2, -1, 5, 6]}}})");
-  const AnyCall& call = call_of(result);
+  const CatalogueCall& call = call_of(result);
   EXPECT_EQ(entry_of(call), Entry::verify);
   EXPECT_EQ(device_of(call), (Device{Device::Kind::cuda, 3}));
   const OptionalView* view = find_argument(call, Arg::scratch_indices);
@@ -74,7 +74,7 @@ TEST(ParseCall, ReadsEveryTensorField) {
 
 TEST(ParseCall, DefaultsFollowTheSpec) {
   const CallResult result = parse_text(decode_with_q(R"({"dtype": "bf16", "shape": [2, 3, 4]})"));
-  const AnyCall& call = call_of(result);
+  const CatalogueCall& call = call_of(result);
   EXPECT_EQ(device_of(call), (Device{Device::Kind::cuda, 0}));
   const TensorView& q = q_of(result);
   EXPECT_EQ(q.stride[0], 12);  // contiguous row-major
@@ -95,7 +95,7 @@ TEST(ParseCall, DefaultsFollowTheSpec) {
 }
 
 TEST(ParseCall, ReadsScalarsTheEntryPointTakes) {
-  const AnyCall call = call_of(parse_text(R"({"entry": "verify", "scalars": {"scale": 0.125,
+  const CatalogueCall call = call_of(parse_text(R"({"entry": "verify", "scalars": {"scale": 0.125,
       "lower_bound": -5, "use_qk_l2norm": true, "draft_token_num": 4}})"));
   const Scalars& s = scalars_of(call);
   EXPECT_EQ(s.scale, 0.125);
@@ -103,11 +103,11 @@ TEST(ParseCall, ReadsScalarsTheEntryPointTakes) {
   EXPECT_TRUE(s.use_qk_l2norm);
   EXPECT_EQ(s.draft_token_num, 4);
 
-  const AnyCall spelled = call_of(parse_text(
+  const CatalogueCall spelled = call_of(parse_text(
       R"({"entry": "decode", "scalars": {"scale": "inf", "lower_bound": "nan"}})"));
   EXPECT_TRUE(std::isinf(*scalars_of(spelled).scale) && *scalars_of(spelled).scale > 0);
   EXPECT_TRUE(std::isnan(*scalars_of(spelled).lower_bound));
-  const AnyCall negative = call_of(parse_text(R"({"entry": "prefill", "scalars": {"scale": "-inf"}})"));
+  const CatalogueCall negative = call_of(parse_text(R"({"entry": "prefill", "scalars": {"scale": "-inf"}})"));
   EXPECT_TRUE(std::isinf(*scalars_of(negative).scale) && *scalars_of(negative).scale < 0);
 }
 
@@ -279,7 +279,7 @@ TEST(ParseCall, ReadsPlainJsonToo) {
       "tensors": {"accepted": {"dtype": "i32", "shape": [2], "values": [1, 0]}},
       "scalars": {"draft_token_num": 3}})");
   const CallResult result = parse_call(plain);
-  const AnyCall& call = call_of(result);
+  const CatalogueCall& call = call_of(result);
   EXPECT_EQ(entry_of(call), Entry::commit);
   EXPECT_EQ(scalars_of(call).draft_token_num, 3);
   const nlohmann::json bad = nlohmann::json::parse(R"({"entry": "commit", "x": 1})");

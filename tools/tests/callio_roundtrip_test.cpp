@@ -35,7 +35,7 @@ std::string view_differences(const TensorView& a, const TensorView& b) {
   return diff;
 }
 
-std::string call_differences(const AnyCall& a, const AnyCall& b) {
+std::string call_differences(const CatalogueCall& a, const CatalogueCall& b) {
   if (entry_of(a) != entry_of(b)) return "entry";
   std::string diff;
   if (device_of(a) != device_of(b)) diff += " device";
@@ -61,18 +61,18 @@ std::string call_differences(const AnyCall& a, const AnyCall& b) {
   return diff;
 }
 
-AnyCall reparsed(const std::string& text) {
+CatalogueCall reparsed(const std::string& text) {
   const Document document = parse_document(text);
   if (document.error) {
     ADD_FAILURE() << format_error(*document.error) << "\n" << text;
-    return make_call(Entry::decode);
+    return make_catalogue_call(Entry::decode);
   }
   EXPECT_EQ(document.calls.size(), 1u);
   if (const auto* error = std::get_if<DescriptionError>(&document.calls.at(0).call)) {
     ADD_FAILURE() << format_error(*error) << "\n" << text;
-    return make_call(Entry::decode);
+    return make_catalogue_call(Entry::decode);
   }
-  return std::get<AnyCall>(document.calls.at(0).call);
+  return std::get<CatalogueCall>(document.calls.at(0).call);
 }
 
 TEST(RoundTrip, RandomCallsSurviveJsonText) {
@@ -80,10 +80,10 @@ TEST(RoundTrip, RandomCallsSurviveJsonText) {
   SCOPED_TRACE(fmt::format("KDAGUARD_TEST_SEED={}", seed));
   Random random(seed);
   for (int i = 0; i < 2000; ++i) {
-    const AnyCall call = random_call(random);
+    const CatalogueCall call = random_call(random);
     const Json json = call_to_json(call);
     const std::string compact = json.dump();
-    const AnyCall back = reparsed(compact);
+    const CatalogueCall back = reparsed(compact);
     ASSERT_EQ(call_differences(call, back), "") << compact;
     // Pretty-printed text reads the same, and the second trip gives the same text.
     ASSERT_EQ(call_differences(call, reparsed(json.dump(2))), "");
@@ -92,14 +92,14 @@ TEST(RoundTrip, RandomCallsSurviveJsonText) {
 }
 
 TEST(RoundTrip, WritesOnlyWhatTheEntryPointTakes) {
-  AnyCall commit = make_call(Entry::commit);
+  CatalogueCall commit = make_catalogue_call(Entry::commit);
   scalars_of(commit).draft_token_num = 3;
   const Json json = call_to_json(commit);
   ASSERT_TRUE(json.contains("scalars"));
   EXPECT_EQ(json["scalars"].dump(), R"({"draft_token_num":3})");
   EXPECT_EQ(json["tensors"].dump(), "{}");
 
-  AnyCall decode = make_call(Entry::decode);
+  CatalogueCall decode = make_catalogue_call(Entry::decode);
   scalars_of(decode).scale = std::numeric_limits<double>::infinity();
   EXPECT_EQ(call_to_json(decode)["scalars"].dump(), R"({"scale":"inf","use_qk_l2norm":false})");
 }
@@ -123,7 +123,7 @@ TEST(RoundTrip, SpecExample) {
   },
   "scalars": {"scale": 0.08838834764831845, "lower_bound": -5.0, "use_qk_l2norm": true}
 })";
-  const AnyCall call = reparsed(example);
+  const CatalogueCall call = reparsed(example);
   const OptionalView* k = find_argument(call, Arg::k);
   ASSERT_TRUE(k && k->has_value());
   EXPECT_EQ((*k)->storage_offset.count, 4096);

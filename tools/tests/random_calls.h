@@ -101,9 +101,9 @@ inline TensorView random_view(Random& random) {
   return view;
 }
 
-inline AnyCall random_call(Random& random) {
+inline CatalogueCall random_call(Random& random) {
   const auto entry = static_cast<Entry>(random.between(0, kEntryCount - 1));
-  AnyCall call = make_call(entry);
+  CatalogueCall call = make_catalogue_call(entry);
   for_each_argument(call, [&](Arg, OptionalView& slot) {
     if (random.coin(0.6)) slot = random_view(random);
   });

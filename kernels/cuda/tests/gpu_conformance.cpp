@@ -175,6 +175,9 @@ void check_case(const ProblemSpec& spec, std::uint64_t seed, int chunks_per_bloc
       break;
     }
     case Entry::prefill: RC_FAIL("prefill is not a recurrent-kernel case");
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: RC_FAIL("the record-based path has no GPU kernels yet");
   }
 }
 

@@ -37,7 +37,8 @@ struct DescriptionError {
 };
 std::string format_error(const DescriptionError& error);  // "where: message"
 
-using CallResult = std::variant<AnyCall, DescriptionError>;
+// Descriptions cover every entry point of the catalogue (call.h's CatalogueCall).
+using CallResult = std::variant<CatalogueCall, DescriptionError>;
 
 // One call description (an object) to a call. Every field of call-format.md; rejected as a
 // DescriptionError: unknown fields or tensor names, a tensor the entry point doesn't take, a scalar
@@ -53,6 +54,7 @@ CallResult parse_call(const nlohmann::json& description);
 
 // The inverse: every present tensor with explicit strides, non-default fields only otherwise.
 // parse_call(call_to_json(c)) gives c back for every call the format can describe.
+Json call_to_json(const CatalogueCall& call);
 Json call_to_json(const AnyCall& call);
 
 // {"entry", "accepted", "violations": [{"rule", "argument", "message"}], "deferred": [{"rule",

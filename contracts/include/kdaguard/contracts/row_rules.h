@@ -53,6 +53,16 @@ inline constexpr Mask kCommitRules =
     bit(RuleId::index_range) | bit(RuleId::index_unique) | bit(RuleId::seqlens_start) |
     bit(RuleId::seqlens_monotone) | bit(RuleId::verify_row_length) |
     bit(RuleId::verify_row_map_identity) | bit(RuleId::commit_accepted);
+// The record-based path: verify's and commit's rules less the scratch addressing (records are
+// addressed by row), and the prior accepted counts of the fused form.
+inline constexpr Mask kRecordVerifyRules =
+    bit(RuleId::index_range) | bit(RuleId::index_unique) | bit(RuleId::seqlens_start) |
+    bit(RuleId::seqlens_monotone) | bit(RuleId::seqlens_total) | bit(RuleId::verify_row_length);
+inline constexpr Mask kReplayCommitRules =
+    bit(RuleId::index_range) | bit(RuleId::index_unique) | bit(RuleId::seqlens_start) |
+    bit(RuleId::seqlens_monotone) | bit(RuleId::verify_row_length) | bit(RuleId::commit_accepted);
+inline constexpr Mask kAcceptVerifyRules =
+    kRecordVerifyRules | bit(RuleId::accept_prior_accepted);
 
 // The rules a kernel re-checks on its own row whether or not a guard runs: those whose failure
 // would send it outside its buffers (a slot past the pool, a token past q, a scratch step past
@@ -138,6 +148,14 @@ template <class Index> struct CommitRows {
   Index scratch_row_map;           // [>= N]; read only without scratch_indices
   Index scratch_indices;           // [N, T]; optional
   Index accepted;                  // [N]
+};
+
+// accept_verify: the new draft's rows as a verify without scratch (record_verify uses VerifyRows
+// so, with kRecordVerifyRules), plus the previous step's accepted counts.
+template <class Index> struct AcceptVerifyRows {
+  VerifyRows<Index> verify;      // scratch_indices and scratch_row_map absent (not known)
+  std::int64_t prior_steps = 0;  // T_alloc of prior_records
+  Index prior_accepted;          // [N]
 };
 
 // ---- the rules ------------------------------------------------------------------------------------
@@ -263,6 +281,17 @@ KDAGUARD_HOST_DEVICE Mask row_faults(const CommitRows<Index>& in, std::int64_t n
   return f & Rules;
 }
 
+// accept.prior_accepted: a prior count names steps 0..a-1 of prior_records, so a <= its T_alloc.
+// Whether the previous verify wrote those steps (its rows' lengths) is not known to this call.
+template <Mask Rules = kAcceptVerifyRules, class Index>
+KDAGUARD_HOST_DEVICE Mask row_faults(const AcceptVerifyRows<Index>& in, std::int64_t n) {
+  Mask f = row_faults<Rules>(in.verify, n);
+  if (in.prior_accepted.known() &&
+      !value_checks::accepted_ok(in.prior_accepted[n], in.prior_steps, -1))
+    f |= bit(RuleId::accept_prior_accepted);
+  return f & Rules;
+}
+
 // ---- a call without rows ----------------------------------------------------------------------
 
 // cu_seqlens = [c] with N = 0: c must be 0 (seqlens.start; decode.one_token for decode) and, where
@@ -292,6 +321,11 @@ KDAGUARD_HOST_DEVICE Mask call_faults(const VerifyRows<Index>& in) {
 template <class Index>
 KDAGUARD_HOST_DEVICE Mask call_faults(const CommitRows<Index>& in) {
   return offsets_without_rows(in.cu_seqlens, in.rows, -1);
+}
+
+template <class Index>
+KDAGUARD_HOST_DEVICE Mask call_faults(const AcceptVerifyRows<Index>& in) {
+  return call_faults(in.verify);
 }
 
 }  // namespace kdaguard::row_rules

@@ -9,8 +9,13 @@
 
 namespace kdaguard {
 
-enum class Entry : std::uint8_t { decode, prefill, verify, commit };
-inline constexpr int kEntryCount = 4;
+// record_verify, replay_commit and accept_verify are the record-based speculative path: a verify
+// that writes per-step records (g, k, u) instead of states, a commit that replays the accepted
+// records onto the committed state, and a verify that first accepts the previous step that way.
+enum class Entry : std::uint8_t {
+  decode, prefill, verify, commit, record_verify, replay_commit, accept_verify
+};
+inline constexpr int kEntryCount = 7;
 std::string_view entry_name(Entry e);
 std::optional<Entry> entry_from_name(std::string_view name);
 
@@ -23,11 +28,19 @@ inline constexpr std::uint8_t kD = entry_bit(Entry::decode);
 inline constexpr std::uint8_t kP = entry_bit(Entry::prefill);
 inline constexpr std::uint8_t kV = entry_bit(Entry::verify);
 inline constexpr std::uint8_t kC = entry_bit(Entry::commit);
+inline constexpr std::uint8_t kR = entry_bit(Entry::record_verify);
+inline constexpr std::uint8_t kY = entry_bit(Entry::replay_commit);
+inline constexpr std::uint8_t kF = entry_bit(Entry::accept_verify);
 inline constexpr std::uint8_t kDPV = kD | kP | kV;
 inline constexpr std::uint8_t kDPVC = kD | kP | kV | kC;
 inline constexpr std::uint8_t kPVC = kP | kV | kC;
 inline constexpr std::uint8_t kPV = kP | kV;
 inline constexpr std::uint8_t kVC = kV | kC;
+// The record-based speculative entry points: R record_verify, Y replay_commit, F accept_verify.
+inline constexpr std::uint8_t kRF = kR | kF;          // the two that verify (token inputs, out)
+inline constexpr std::uint8_t kRYF = kR | kY | kF;
+inline constexpr std::uint8_t kAll = kDPVC | kRYF;
+inline constexpr std::uint8_t kDPVRF = kDPV | kRF;   // every entry point with token inputs
 }  // namespace entry_masks
 
 // meta: checked on the host from shapes, strides, dtypes and addresses.
@@ -38,9 +51,10 @@ std::string_view tier_name(Tier t);
 // Every tensor argument name of contracts.md (call.h names them).
 enum class Arg : std::uint8_t {
   q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, initial_state,
-  initial_state_indices, out, scratch, scratch_row_map, scratch_indices, accepted
+  initial_state_indices, out, scratch, scratch_row_map, scratch_indices, accepted, records,
+  prior_records, prior_accepted
 };
-inline constexpr int kArgCount = 19;
+inline constexpr int kArgCount = 22;
 // Sets of arguments as bit masks (RuleInfo::value_inputs): bit (1 << Arg).
 constexpr std::uint32_t arg_bit(Arg a) { return std::uint32_t{1} << static_cast<unsigned>(a); }
 

@@ -38,7 +38,11 @@ Verdict validate(const DecodeCall& call);
 Verdict validate(const PrefillCall& call);
 Verdict validate(const VerifyCall& call);
 Verdict validate(const CommitCall& call);
+Verdict validate(const RecordVerifyCall& call);
+Verdict validate(const ReplayCommitCall& call);
+Verdict validate(const AcceptVerifyCall& call);
 Verdict validate(const AnyCall& call);
+Verdict validate(const CatalogueCall& call);
 
 // Whether validating the call defers value rules to the device: an index tensor that a value rule
 // of its entry point reads came without a host copy of its values. For an accepted call it equals

@@ -11,5 +11,8 @@ DecodeParams lower(const DecodeCall& call);
 PrefillParams lower(const PrefillCall& call);
 VerifyParams lower(const VerifyCall& call);
 CommitParams lower(const CommitCall& call);
+RecordVerifyParams lower(const RecordVerifyCall& call);
+ReplayCommitParams lower(const ReplayCommitCall& call);
+AcceptVerifyParams lower(const AcceptVerifyCall& call);
 
 }  // namespace kdaguard

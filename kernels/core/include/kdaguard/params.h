@@ -117,4 +117,46 @@ struct CommitParams {
   const std::int32_t* cu_seqlens = nullptr;
 };
 
+// ---- the record-based speculative path (contracts/NOTES.md) ----
+
+// A record buffer [S_rec, T_alloc, HV, 2K+V] of f32: the record of (row n, step t, value head hv)
+// starts at n * row_stride + t * step_stride + hv * head_stride and holds g [K], k [K], u [V].
+struct RecordBuffer {
+  float* data = nullptr;           // read only where the entry point only reads it
+  std::int64_t row_stride = 0;     // elements
+  std::int64_t step_stride = 0;
+  std::int64_t head_stride = 0;
+  std::int64_t steps = 0;          // T_alloc
+};
+
+struct RecordVerifyParams {
+  TokenInputs in;
+  std::int64_t total_tokens = 0;
+  std::int32_t rows = 0;             // N
+  std::int32_t draft_tokens = 0;     // T
+  const std::int32_t* cu_seqlens = nullptr;     // [N+1]
+  StatePool state;                   // committed pool: read only (record_verify), read and
+                                     // written in place (accept_verify)
+  const std::int32_t* cache_indices = nullptr;  // [>= N], -1 = padding row
+  RecordBuffer records;              // written
+  OutputRows out;
+};
+
+struct ReplayCommitParams {
+  std::int32_t rows = 0;
+  std::int32_t draft_tokens = 0;
+  std::int32_t HV = 0, V = 0, K = 0;
+  StatePool state;
+  const std::int32_t* cache_indices = nullptr;
+  RecordBuffer records;              // read
+  const std::int32_t* accepted = nullptr;       // [N]
+  const std::int32_t* cu_seqlens = nullptr;     // [N+1] or null, as for commit
+};
+
+struct AcceptVerifyParams {
+  RecordVerifyParams verify;         // the new draft; its state is the pool written in place
+  RecordBuffer prior_records;        // read
+  const std::int32_t* prior_accepted = nullptr;  // [N]
+};
+
 }  // namespace kdaguard

@@ -30,6 +30,18 @@ Status verify(const VerifyCall& call);
 Status commit(const CommitCall& call);
 Status run(const AnyCall& call);
 
+// ---- the record-based speculative path (contracts/NOTES.md), per-token f64 ----
+// record_verify: verify's outputs, bit for bit, and per (row, step, value head) the record
+// (g, k, u) rounded once into f32; the committed pool is not written.
+Status record_verify(const RecordVerifyCall& call);
+// replay_commit: slot cache_indices[n] <- its state with records[n, 0..accepted[n]) replayed,
+// S <- S diag(exp(g)) + u k^T, carried through the state's dtype after every step as verify does.
+Status replay_commit(const ReplayCommitCall& call);
+// accept_verify: replay_commit of prior_records / prior_accepted in place, then record_verify.
+Status accept_verify(const AcceptVerifyCall& call);
+// Any entry point of the catalogue (run() takes AnyCall's four).
+Status run_catalogue(const CatalogueCall& call);
+
 // ---- prefill results before they are rounded into storage ----
 struct PrefillValues {
   std::int64_t total_tokens = 0, num_seqs = 0;
@@ -93,6 +105,9 @@ Status admit(const DecodeCall& call);
 Status admit(const PrefillCall& call);
 Status admit(const VerifyCall& call);
 Status admit(const CommitCall& call);
+Status admit(const RecordVerifyCall& call);
+Status admit(const ReplayCommitCall& call);
+Status admit(const AcceptVerifyCall& call);
 
 // ---- the error metric every conformance check uses ----
 // rms(actual - expected) / rms(expected), passing outright when the largest absolute error is
