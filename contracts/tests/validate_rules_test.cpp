@@ -641,5 +641,46 @@ TEST(EdgeValues, RowBeginningBelowZeroMasksTheStart) {
   EXPECT_EQ(row_rules::row_faults(rows, 1), row_rules::bit(RuleId::seqlens_start));
 }
 
+// An empty output has no bytes, wherever it is placed: one whose address lies inside the state
+// pool's bytes overlaps nothing, while the same placement of rows that do have bytes is
+// alias.overlap.
+TEST(EdgeValues, AnEmptyOutputInsideThePoolOverlapsNothing) {
+  for (const std::int64_t rows : {4, 0}) {
+    Shape s;
+    s.rows = rows;
+    auto c = decode(s);
+    if (rows == 0) c.cache_indices = index_view({});
+    c.state->address = 0x100000;
+    c.out->address = 0x100000 + 256;
+    const Verdict v = validate(c);
+    const auto expected = rows == 0 ? std::set<RuleId>{} : std::set<RuleId>{RuleId::alias_overlap};
+    EXPECT_EQ(fired_rules(v), expected) << "rows " << rows << ":\n" << describe(v);
+  }
+}
+
+// A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
+// slot stride is smaller than a slot, which is what the true products say; the messages quote
+// the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
+// would match the strides (0, 2^32, 1) and a slot stride of 16, and pass both rules.
+TEST(EdgeValues, APoolWhoseSlotHasNo64BitSizeFailsItsLayoutRules) {
+  auto c = decode();
+  const std::int64_t huge = std::int64_t{1} << 32;
+  c.state->shape = {8, 1, huge, huge};
+  c.state->stride = {16, 0, huge, 1};
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::arg_extent)) << describe(v);
+  const auto message_of = [&](RuleId rule) {
+    for (const Violation& x : v.violations)
+      if (x.rule == rule) return x.message;
+    return std::string();
+  };
+  EXPECT_NE(message_of(RuleId::state_inner_strides).find("(V*K, K, 1)=(9223372036854775807, 4294967296, 1)"),
+            std::string::npos)
+      << describe(v);
+  EXPECT_NE(message_of(RuleId::state_slot_stride_min).find("slot stride 16 is smaller than a slot, HV*V*K = 9223372036854775807"),
+            std::string::npos)
+      << describe(v);
+}
+
 }  // namespace
 }  // namespace kdaguard
