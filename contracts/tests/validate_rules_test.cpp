@@ -658,6 +658,39 @@ TEST(EdgeValues, AnEmptyOutputInsideThePoolOverlapsNothing) {
   }
 }
 
+// scratch_indices' shape message quotes a dimension the call does not define as -1, never as a
+// size it could have: N unknown without cu_seqlens, T unknown without draft_token_num.
+TEST(EdgeValues, ScratchIndicesShapeQuotesAnUnknownDimensionAsMinusOne) {
+  auto without_n = verify();
+  without_n.cu_seqlens.reset();
+  without_n.scratch_row_map.reset();
+  without_n.scratch_indices = TensorView::contiguous(DType::i32, {3, 5});
+  auto without_t = verify();
+  without_t.scalars.draft_token_num.reset();
+  without_t.scratch_row_map.reset();
+  without_t.scratch_indices = TensorView::contiguous(DType::i32, {4, 4});
+  for (const auto& [call, expected] :
+       {std::pair{without_n, "scratch_indices must be [N, T] = [-1, 4]; got shape (3, 5)"},
+        std::pair{without_t, "scratch_indices must be [N, T] = [3, -1]; got shape (4, 4)"}}) {
+    const Verdict v = validate(call);
+    std::vector<std::string> messages;
+    for (const Violation& x : v.violations)
+      if (x.rule == RuleId::verify_scratch_indices) messages.push_back(x.message);
+    EXPECT_EQ(messages, std::vector<std::string>{expected}) << describe(v);
+  }
+}
+
+// A gate that covers too few tokens is still judged for its other dims: a short a whose K is
+// wrong breaks gate.cover_tokens and arg.shape, each quoting its own dim.
+TEST(EdgeValues, AShortGateIsJudgedForItsOtherDims) {
+  auto c = decode();
+  c.a = view(DType::bf16, {3, 4, 32});
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), (std::set<RuleId>{RuleId::gate_cover_tokens, RuleId::arg_shape}))
+      << describe(v);
+  EXPECT_EQ(arguments_of(v), std::set<std::string>{"a"}) << describe(v);
+}
+
 // A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
 // slot stride is smaller than a slot, which is what the true products say; the messages quote
 // the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
