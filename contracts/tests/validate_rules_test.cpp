@@ -691,6 +691,26 @@ TEST(EdgeValues, AShortGateIsJudgedForItsOtherDims) {
   EXPECT_EQ(arguments_of(v), std::set<std::string>{"a"}) << describe(v);
 }
 
+// T_tot = 0 is a token count like any other: the last offset of rows that also decrease is judged
+// against it (seqlens.total beside seqlens.monotone), and one token later the same offsets end
+// at T_tot (seqlens.monotone alone).
+TEST(EdgeValues, TheLastOffsetIsJudgedAgainstNoTokens) {
+  for (const std::int64_t tokens : {0, 1}) {
+    auto c = prefill();
+    Shape s;
+    s.rows = tokens;
+    s.V = 128;
+    fill_token_inputs(c, s);
+    c.cu_seqlens = index_view({0, 2, 1});
+    c.initial_state_indices = index_view({2, 0});
+    const Verdict v = validate(c);
+    const auto expected =
+        tokens == 0 ? std::set<RuleId>{RuleId::seqlens_monotone, RuleId::seqlens_total}
+                    : std::set<RuleId>{RuleId::seqlens_monotone};
+    EXPECT_EQ(fired_rules(v), expected) << "T_tot " << tokens << ":\n" << describe(v);
+  }
+}
+
 // A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
 // slot stride is smaller than a slot, which is what the true products say; the messages quote
 // the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
