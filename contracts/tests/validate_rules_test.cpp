@@ -711,6 +711,19 @@ TEST(EdgeValues, TheLastOffsetIsJudgedAgainstNoTokens) {
   }
 }
 
+// A view whose end (one past its last byte) is 2^64 - 1 still ends at a 64-bit address: it is not
+// arg.extent's, only misaligned (an odd address); one byte higher its end is 2^64, arg.extent.
+TEST(EdgeValues, AViewEndingOneByteBelow2To64IsInsideTheAddressSpace) {
+  auto c = decode();
+  const auto bytes = static_cast<std::uint64_t>(c.q->numel() * element_size(c.q->dtype));
+  c.q->address = ~std::uint64_t{0} - bytes;  // end 2^64 - 1
+  const Verdict below = validate(c);
+  EXPECT_EQ(fired_rules(below), std::set<RuleId>{RuleId::arg_alignment}) << describe(below);
+  c.q->address += 1;  // end 2^64
+  const Verdict at = validate(c);
+  EXPECT_EQ(fired_rules(at), std::set<RuleId>{RuleId::arg_extent}) << describe(at);
+}
+
 // A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
 // slot stride is smaller than a slot, which is what the true products say; the messages quote
 // the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
