@@ -724,6 +724,17 @@ TEST(EdgeValues, AViewEndingOneByteBelow2To64IsInsideTheAddressSpace) {
   EXPECT_EQ(fired_rules(at), std::set<RuleId>{RuleId::arg_extent}) << describe(at);
 }
 
+// An empty output maps no element to any address, whatever its other strides: heads sharing
+// addresses (stride 0) in an output of no rows are no arg.stride.
+TEST(EdgeValues, AnEmptyOutputSharesNoAddresses) {
+  Shape s;
+  s.rows = 0;
+  auto c = decode(s);
+  c.cache_indices = index_view({});
+  c.out->stride[1] = 0;
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+}
+
 // A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
 // slot stride is smaller than a slot, which is what the true products say; the messages quote
 // the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
