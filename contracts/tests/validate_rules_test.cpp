@@ -735,6 +735,16 @@ TEST(EdgeValues, AnEmptyOutputSharesNoAddresses) {
   EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
 }
 
+// A view of too high a rank defines no dimension: q of rank 4 with 5 rows is arg.rank on q alone,
+// no other argument is compared against its 5 rows.
+TEST(EdgeValues, AViewOfTooHighARankDefinesNoDimension) {
+  auto c = decode();
+  c.q = view(DType::bf16, {5, 2, 64, 1});
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), std::set<RuleId>{RuleId::arg_rank}) << describe(v);
+  EXPECT_EQ(arguments_of(v), std::set<std::string>{"q"}) << describe(v);
+}
+
 // A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
 // slot stride is smaller than a slot, which is what the true products say; the messages quote
 // the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
