@@ -647,5 +647,133 @@ TEST(EdgeValues, RowBeginningBelowZeroMasksTheStart) {
   EXPECT_EQ(row_rules::row_faults(rows, 1), row_rules::bit(RuleId::seqlens_start));
 }
 
+// An empty output has no bytes, wherever it is placed: one whose address lies inside the state
+// pool's bytes overlaps nothing, while the same placement of rows that do have bytes is
+// alias.overlap.
+TEST(EdgeValues, AnEmptyOutputInsideThePoolOverlapsNothing) {
+  for (const std::int64_t rows : {4, 0}) {
+    Shape s;
+    s.rows = rows;
+    auto c = decode(s);
+    if (rows == 0) c.cache_indices = index_view({});
+    c.state->address = 0x100000;
+    c.out->address = 0x100000 + 256;
+    const Verdict v = validate(c);
+    const auto expected = rows == 0 ? std::set<RuleId>{} : std::set<RuleId>{RuleId::alias_overlap};
+    EXPECT_EQ(fired_rules(v), expected) << "rows " << rows << ":\n" << describe(v);
+  }
+}
+
+// scratch_indices' shape message quotes a dimension the call does not define as -1, never as a
+// size it could have: N unknown without cu_seqlens, T unknown without draft_token_num.
+TEST(EdgeValues, ScratchIndicesShapeQuotesAnUnknownDimensionAsMinusOne) {
+  auto without_n = verify();
+  without_n.cu_seqlens.reset();
+  without_n.scratch_row_map.reset();
+  without_n.scratch_indices = TensorView::contiguous(DType::i32, {3, 5});
+  auto without_t = verify();
+  without_t.scalars.draft_token_num.reset();
+  without_t.scratch_row_map.reset();
+  without_t.scratch_indices = TensorView::contiguous(DType::i32, {4, 4});
+  for (const auto& [call, expected] :
+       {std::pair{without_n, "scratch_indices must be [N, T] = [-1, 4]; got shape (3, 5)"},
+        std::pair{without_t, "scratch_indices must be [N, T] = [3, -1]; got shape (4, 4)"}}) {
+    const Verdict v = validate(call);
+    std::vector<std::string> messages;
+    for (const Violation& x : v.violations)
+      if (x.rule == RuleId::verify_scratch_indices) messages.push_back(x.message);
+    EXPECT_EQ(messages, std::vector<std::string>{expected}) << describe(v);
+  }
+}
+
+// A gate that covers too few tokens is still judged for its other dims: a short a whose K is
+// wrong breaks gate.cover_tokens and arg.shape, each quoting its own dim.
+TEST(EdgeValues, AShortGateIsJudgedForItsOtherDims) {
+  auto c = decode();
+  c.a = view(DType::bf16, {3, 4, 32});
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), (std::set<RuleId>{RuleId::gate_cover_tokens, RuleId::arg_shape}))
+      << describe(v);
+  EXPECT_EQ(arguments_of(v), std::set<std::string>{"a"}) << describe(v);
+}
+
+// T_tot = 0 is a token count like any other: the last offset of rows that also decrease is judged
+// against it (seqlens.total beside seqlens.monotone), and one token later the same offsets end
+// at T_tot (seqlens.monotone alone).
+TEST(EdgeValues, TheLastOffsetIsJudgedAgainstNoTokens) {
+  for (const std::int64_t tokens : {0, 1}) {
+    auto c = prefill();
+    Shape s;
+    s.rows = tokens;
+    s.V = 128;
+    fill_token_inputs(c, s);
+    c.cu_seqlens = index_view({0, 2, 1});
+    c.initial_state_indices = index_view({2, 0});
+    const Verdict v = validate(c);
+    const auto expected =
+        tokens == 0 ? std::set<RuleId>{RuleId::seqlens_monotone, RuleId::seqlens_total}
+                    : std::set<RuleId>{RuleId::seqlens_monotone};
+    EXPECT_EQ(fired_rules(v), expected) << "T_tot " << tokens << ":\n" << describe(v);
+  }
+}
+
+// A view whose end (one past its last byte) is 2^64 - 1 still ends at a 64-bit address: it is not
+// arg.extent's, only misaligned (an odd address); one byte higher its end is 2^64, arg.extent.
+TEST(EdgeValues, AViewEndingOneByteBelow2To64IsInsideTheAddressSpace) {
+  auto c = decode();
+  const auto bytes = static_cast<std::uint64_t>(c.q->numel() * element_size(c.q->dtype));
+  c.q->address = ~std::uint64_t{0} - bytes;  // end 2^64 - 1
+  const Verdict below = validate(c);
+  EXPECT_EQ(fired_rules(below), std::set<RuleId>{RuleId::arg_alignment}) << describe(below);
+  c.q->address += 1;  // end 2^64
+  const Verdict at = validate(c);
+  EXPECT_EQ(fired_rules(at), std::set<RuleId>{RuleId::arg_extent}) << describe(at);
+}
+
+// An empty output maps no element to any address, whatever its other strides: heads sharing
+// addresses (stride 0) in an output of no rows are no arg.stride.
+TEST(EdgeValues, AnEmptyOutputSharesNoAddresses) {
+  Shape s;
+  s.rows = 0;
+  auto c = decode(s);
+  c.cache_indices = index_view({});
+  c.out->stride[1] = 0;
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+}
+
+// A view of too high a rank defines no dimension: q of rank 4 with 5 rows is arg.rank on q alone,
+// no other argument is compared against its 5 rows.
+TEST(EdgeValues, AViewOfTooHighARankDefinesNoDimension) {
+  auto c = decode();
+  c.q = view(DType::bf16, {5, 2, 64, 1});
+  const Verdict v = validate(c);
+  EXPECT_EQ(fired_rules(v), std::set<RuleId>{RuleId::arg_rank}) << describe(v);
+  EXPECT_EQ(arguments_of(v), std::set<std::string>{"q"}) << describe(v);
+}
+
+// A pool whose V*K has no 64-bit form (2^32 * 2^32): its inner strides cannot be compact and its
+// slot stride is smaller than a slot, which is what the true products say; the messages quote
+// the saturated product, 9223372036854775807, for V*K and HV*V*K. A wrapped product (0 here)
+// would match the strides (0, 2^32, 1) and a slot stride of 16, and pass both rules.
+TEST(EdgeValues, APoolWhoseSlotHasNo64BitSizeFailsItsLayoutRules) {
+  auto c = decode();
+  const std::int64_t huge = std::int64_t{1} << 32;
+  c.state->shape = {8, 1, huge, huge};
+  c.state->stride = {16, 0, huge, 1};
+  const Verdict v = validate(c);
+  EXPECT_TRUE(v.breaks(RuleId::arg_extent)) << describe(v);
+  const auto message_of = [&](RuleId rule) {
+    for (const Violation& x : v.violations)
+      if (x.rule == rule) return x.message;
+    return std::string();
+  };
+  EXPECT_NE(message_of(RuleId::state_inner_strides).find("(V*K, K, 1)=(9223372036854775807, 4294967296, 1)"),
+            std::string::npos)
+      << describe(v);
+  EXPECT_NE(message_of(RuleId::state_slot_stride_min).find("slot stride 16 is smaller than a slot, HV*V*K = 9223372036854775807"),
+            std::string::npos)
+      << describe(v);
+}
+
 }  // namespace
 }  // namespace kdaguard
