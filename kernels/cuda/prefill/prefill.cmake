@@ -1,5 +1,6 @@
-# The prefill kernels, included by kernels/cuda/CMakeLists.txt once kdaguard_kernels exists: one
-# translation unit per (K, V) shape, the dispatcher and the guard join the library; every
+# The prefill kernels, included by kernels/cuda/CMakeLists.txt once kdaguard_kernels exists: the
+# dispatcher and the guard join the library (instantiations.cmake generates one translation unit
+# per (K, V) shape, which finds prefill_shape.cuh through the include path below); every
 # tests/<name>.cpp is a GPU conformance executable (label gpu).
 file(GLOB KDAGUARD_PREFILL_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cu)
 target_sources(kdaguard_kernels PRIVATE ${KDAGUARD_PREFILL_SOURCES})

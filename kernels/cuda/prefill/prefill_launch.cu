@@ -2,7 +2,7 @@
 #include "prefill_launch.h"
 
 #include <algorithm>
-#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -137,6 +137,23 @@ cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std
   return cudaSuccess;
 }
 
+// launch_prefill_shape<K, V> for the pair of supported::kHeadDims that matches the call (the
+// first at or after [I][J]); cudaErrorInvalidValue for any other shape, never another kernel.
+template <std::size_t I = 0, std::size_t J = 0>
+cudaError_t launch_supported_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
+                                   std::int32_t chunks_per_span) {
+  constexpr auto& dims = supported::kHeadDims;
+  if constexpr (I == dims.size()) {
+    return cudaErrorInvalidValue;
+  } else if constexpr (J == dims.size()) {
+    return launch_supported_shape<I + 1, 0>(p, guard, stream, chunks_per_span);
+  } else {
+    if (p.in.K == dims[I] && p.in.V == dims[J])
+      return launch_prefill_shape<dims[I], dims[J]>(p, guard, stream, chunks_per_span);
+    return launch_supported_shape<I, J + 1>(p, guard, stream, chunks_per_span);
+  }
+}
+
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
   return launch_prefill_with_span(p, guard, stream, kChooseSpan);
 }
@@ -144,13 +161,7 @@ cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_
 cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
                                      std::int32_t chunks_per_span) {
   if (!prefill_unsupported_reason(p).empty() || chunks_per_span < kChooseSpan) return cudaErrorInvalidValue;
-  // One instantiation per (K, V) of supported::kHeadDims (prefill_k*_v*.cu).
-  static_assert(supported::kHeadDims == std::array<std::int32_t, 2>{64, 128});
-  if (p.in.K == 64 && p.in.V == 64) return launch_prefill_shape<64, 64>(p, guard, stream, chunks_per_span);
-  if (p.in.K == 64 && p.in.V == 128) return launch_prefill_shape<64, 128>(p, guard, stream, chunks_per_span);
-  if (p.in.K == 128 && p.in.V == 64) return launch_prefill_shape<128, 64>(p, guard, stream, chunks_per_span);
-  if (p.in.K == 128 && p.in.V == 128) return launch_prefill_shape<128, 128>(p, guard, stream, chunks_per_span);
-  return cudaErrorInvalidValue;
+  return launch_supported_shape(p, guard, stream, chunks_per_span);
 }
 
 }  // namespace kdaguard::gpu::detail
