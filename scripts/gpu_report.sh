@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU conformance and benchmarks of the decode/verify/commit kernels, on a machine with an sm_90
-# GPU; writes a short summary to REPORT_DIR/gpu.md and the logs and JSON beside it.
+# GPU conformance and benchmarks of the decode/verify/commit and prefill kernels, on a machine with
+# an sm_90 GPU; writes a short summary to REPORT_DIR/gpu.md, the logs, JSON and plots (decode.png:
+# % of copy against B; prefill_heads.png: token-heads per second against heads) beside it.
 #   scripts/gpu_report.sh REPORT_DIR
 #   BUILD_DIR   build tree holding the test and bench binaries (default: build)
 #   GPU_CASES   random calls per conformance property (default 1000)
@@ -8,8 +9,9 @@
 #   PEER=1      also time the peer (bench/peer_fla.py; needs fla importable by python3)
 #   FUZZ_GPU_BUILD    build tree of the fuzz-gpu preset (default build-fuzz-gpu); its fuzz_gpu runs
 #                     FUZZ_GPU_SECONDS (default 120) per mode, else build's replayer runs the corpus
-#   T_CONF, T_SAN, T_BENCH, T_PEER, T_DRIFT  per-step time limits in seconds (300, 120 each, 300,
-#                     420, 600)
+#   PREFILL_CASES     random calls per prefill conformance property (default 400)
+#   T_CONF, T_SAN, T_BENCH, T_PEER, T_DRIFT, T_PREFILL_CONF, T_PREFILL_BENCH  per-step time limits
+#                     in seconds (300, 120 each, 300, 420, 600, 300, 240)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir=${1:?usage: scripts/gpu_report.sh REPORT_DIR}
@@ -23,7 +25,7 @@ bench="$build/bench/bench_decode"
 status=0
 
 {
-  echo "## GPU: decode, verify, commit"
+  echo "## GPU: decode, verify, commit, prefill"
   echo
   echo "Device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
 } >"$summary"
@@ -119,6 +121,42 @@ if [ "${PEER:-0}" = 1 ]; then
   else
     { echo; echo "Peer run failed: $(tail -3 "$report_dir/peer.log")"; } >>"$summary"
   fi
+fi
+
+peer_json=()
+[ -s "$report_dir/peer.json" ] && peer_json=(--peer "$report_dir/peer.json")
+if [ -s "$report_dir/bench_decode.json" ] && python3 bench/plot_decode.py "$report_dir/bench_decode.json" \
+     "${peer_json[@]}" --out "$report_dir/decode.png" >>"$report_dir/bench.log" 2>&1; then
+  echo "Plot: decode.png" >>"$summary"
+fi
+
+echo "== prefill conformance and benchmarks"
+RC_PARAMS="max_success=${PREFILL_CASES:-400}" timeout "${T_PREFILL_CONF:-300}" \
+  "$build/kernels/cuda/prefill_conformance" >"$report_dir/prefill_conformance.log" 2>&1 || status=1
+{
+  echo
+  echo "### Prefill conformance (f64 reference; rms ratios and the f16 rounding floor)"
+  echo '```'
+  grep -E "^\[(prefill conformance|f16 floor|f16 large state)\] |\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$report_dir/prefill_conformance.log"
+  echo '```'
+} >>"$summary"
+timeout "${T_PREFILL_BENCH:-240}" "$build/bench/bench_prefill" --benchmark_repetitions=5 \
+  --benchmark_display_aggregates_only=true --benchmark_out="$report_dir/bench_prefill.json" \
+  --benchmark_out_format=json >"$report_dir/bench_prefill.log" 2>&1 || status=1
+{
+  echo
+  echo "### Prefill benchmarks (median of 5)"
+  echo '```'
+  grep -E "Copy|_median" "$report_dir/bench_prefill.log"
+  echo '```'
+} >>"$summary"
+if [ -f bench/baselines/bench_prefill.json ] && [ -s "$report_dir/bench_prefill.json" ]; then
+  { echo; echo "### Against bench/baselines/bench_prefill.json"; echo;
+    python3 bench/compare_baselines.py "$report_dir/bench_prefill.json"; } >>"$summary" || true
+fi
+if [ -s "$report_dir/bench_prefill.json" ] && python3 bench/plot_prefill.py \
+     "$report_dir/bench_prefill.json" "$report_dir/prefill_heads.png" >>"$report_dir/bench_prefill.log" 2>&1; then
+  echo "Plot: prefill_heads.png" >>"$summary"
 fi
 
 cat "$summary"

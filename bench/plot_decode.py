@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Plots the decode-side kernels' share of the copy bandwidth against the batch B: one line per
+benchmark family and configuration of bench_decode's Google Benchmark JSON (median aggregates
+where repetitions ran), and dashed beside them the peer's (bench/peer_fla.py's JSON, optional) on
+the same names. Each run's percent of copy is against its own copy ceiling, so ours and the peer's
+compare although they ran in different processes.
+
+  plot_decode.py bench_decode.json [--peer peer.json] --out decode.png
+
+A chunks_per_block other than 0 (the chooser's own pick) is a tuning sweep and is left out.
+"""
+import argparse
+import json
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BATCH = re.compile(r"/B:(\d+)")
+
+
+def split_name(name):
+    """('BM_Verify/T:4/bf16_state:0', 64) from 'BM_Verify/B:64/T:4/bf16_state:0/...'; None for
+    names without a batch or with a forced chunks_per_block."""
+    name = re.sub(r"/manual_time$|_median$", "", name)
+    m = BATCH.search(name)
+    if m is None or re.search(r"/chunks_per_block:(?!0\b)\d+", name):
+        return None
+    series = BATCH.sub("", name)
+    series = re.sub(r"/chunks_per_block:0\b", "", series)
+    return series, int(m[1])
+
+
+def ours(path):
+    with open(path) as f:
+        doc = json.load(f)
+    runs = doc.get("benchmarks", [])
+    have_medians = any(b.get("aggregate_name") == "median" for b in runs)
+    points = {}
+    for b in runs:
+        if b.get("error_occurred") or b.get("pct_copy") is None:
+            continue
+        if have_medians and b.get("aggregate_name") != "median":
+            continue
+        key = split_name(b.get("run_name", b["name"]))
+        if key:
+            points.setdefault(key[0], {})[key[1]] = b["pct_copy"]
+    return points
+
+
+def peer(path):
+    with open(path) as f:
+        doc = json.load(f)
+    points = {}
+    for r in doc.get("results", []):
+        key = split_name(r["name"])
+        if key and r.get("pct_copy") is not None:
+            points.setdefault(key[0], {})[key[1]] = r["pct_copy"]
+    return points
+
+
+def label(series):
+    family, *params = series.split("/")
+    text = family.removeprefix("BM_")
+    for p in params:
+        k, _, v = p.partition(":")
+        text += {"bf16_state": " bf16 state" if v == "1" else " f32 state"}.get(k, f" {k}={v}")
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", help="bench_decode's --benchmark_out JSON")
+    parser.add_argument("--peer", help="bench/peer_fla.py's --out JSON")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+    args = parser.parse_args()
+
+    mine = ours(args.bench)
+    if not mine:
+        sys.exit(f"plot_decode: no benchmark with a batch and pct_copy in {args.bench}")
+    theirs = peer(args.peer) if args.peer else {}
+
+    # Single-token decode on the left; the speculative path (verify, commit, records) on the right.
+    panels = [("decode", [s for s in sorted(mine) if s.startswith("BM_Decode")]),
+              ("speculative steps", [s for s in sorted(mine) if not s.startswith("BM_Decode")])]
+    panels = [(title, series) for title, series in panels if series]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.5), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, names) in zip(axes[0], panels):
+        for i, series in enumerate(names):
+            colour = colours[i % len(colours)]
+            xs = sorted(mine[series])
+            ax.plot(xs, [mine[series][x] for x in xs], "o-", color=colour, label=label(series))
+            if series in theirs:
+                px = sorted(theirs[series])
+                ax.plot(px, [theirs[series][x] for x in px], "x--", color=colour,
+                        label=label(series) + " (fla)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch B (rows)")
+        ax.set_ylabel("% of the same run's copy bandwidth")
+        ax.set_ylim(0, 100)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"{title}: state traffic as % of copy")
+        ax.legend(fontsize=7, ncol=2, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"plot_decode: {len(mine)} series ({len(theirs)} of the peer) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
