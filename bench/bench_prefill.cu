@@ -7,7 +7,8 @@
 // Shapes (issue 13): T = 8192, B = 1 at H in {12, 24, 32, 64, 96}; T in {32768, 65536, 131072}
 // at H in {4, 12}; B = 2 at H in {12, 64}; T = 512; 10 ragged sequences summing to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
 // ceiling is measured by the same binary (BM_CopyCeiling). BM_PrefillF16: the same call with f16
-// q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}.
+// q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}. BM_PrefillGVA: H = 16 q/k heads over
+// HV = 32 value heads at T = 8192, B = 1; token-heads count value heads.
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -49,27 +50,28 @@ void fill_input(const DeviceBuffer& b, std::int64_t n, DType dtype, float lo, fl
 struct PrefillProblem {
   static constexpr int K = 128, V = 128;
   std::int64_t T = 0;
-  int H = 0;
+  int H = 0, HV = 0;  // q/k heads, value heads (HV = H, or a multiple: grouped value heads)
   std::vector<std::int64_t> cu;
   DeviceBuffer q, k, v, a, b, A_log, dt_bias, state, out, cu_dev, idx_dev;
   kdaguard::PrefillCall call;
 
-  PrefillProblem(std::vector<std::int64_t> lens, int heads, DType io = DType::bf16)
+  PrefillProblem(std::vector<std::int64_t> lens, int heads, DType io = DType::bf16, int value_heads = 0)
       : T(std::accumulate(lens.begin(), lens.end(), std::int64_t{0})),
         H(heads),
+        HV(value_heads > 0 ? value_heads : heads),
         cu(offsets(lens)),
-        q(T * H * K * 2), k(T * H * K * 2), v(T * H * V * 2), a(T * H * K * 2), b(T * H * 2),
-        A_log(H * 4), dt_bias(H * K * 4), state(lens.size() * H * V * K * 4), out(T * H * V * 2),
+        q(T * H * K * 2), k(T * H * K * 2), v(T * HV * V * 2), a(T * HV * K * 2), b(T * HV * 2),
+        A_log(HV * 4), dt_bias(HV * K * 4), state(lens.size() * HV * V * K * 4), out(T * HV * V * 2),
         cu_dev(cu.size() * 4), idx_dev(lens.size() * 4) {
     const auto N = static_cast<std::int64_t>(lens.size());
     fill_input(q, T * H * K, io, -1.f, 1.f, 1);
     fill_input(k, T * H * K, io, -1.f, 1.f, 2);
-    fill_input(v, T * H * V, io, -1.f, 1.f, 3);
-    fill_input(a, T * H * K, io, -4.f, 4.f, 4);
-    fill_input(b, T * H, io, -3.f, 3.f, 5);
-    fill_input(A_log, H, DType::f32, -0.5f, 0.5f, 6);
-    fill_input(dt_bias, H * K, DType::f32, -6.f, -2.f, 7);
-    fill_input(state, N * H * V * K, DType::f32, -0.1f, 0.1f, 8);
+    fill_input(v, T * HV * V, io, -1.f, 1.f, 3);
+    fill_input(a, T * HV * K, io, -4.f, 4.f, 4);
+    fill_input(b, T * HV, io, -3.f, 3.f, 5);
+    fill_input(A_log, HV, DType::f32, -0.5f, 0.5f, 6);
+    fill_input(dt_bias, HV * K, DType::f32, -6.f, -2.f, 7);
+    fill_input(state, N * HV * V * K, DType::f32, -0.1f, 0.1f, 8);
     std::vector<std::int32_t> cu32(cu.begin(), cu.end()), idx(static_cast<std::size_t>(N));
     std::iota(idx.begin(), idx.end(), 0);
     CHECK_CUDA(cudaMemcpy(cu_dev.ptr, cu32.data(), cu32.size() * 4, cudaMemcpyHostToDevice));
@@ -78,13 +80,13 @@ struct PrefillProblem {
     call.device = Device{Device::Kind::cuda, 0};
     call.q = device_view(io, {T, H, K}, q.ptr);
     call.k = device_view(io, {T, H, K}, k.ptr);
-    call.v = device_view(io, {T, H, V}, v.ptr);
-    call.a = device_view(io, {T, H, K}, a.ptr);
-    call.b = device_view(io, {T, H}, b.ptr);
-    call.A_log = device_view(DType::f32, {H}, A_log.ptr);
-    call.dt_bias = device_view(DType::f32, {H * K}, dt_bias.ptr);
-    call.initial_state = device_view(DType::f32, {N, H, V, K}, state.ptr);
-    call.out = device_view(io, {T, H, V}, out.ptr);
+    call.v = device_view(io, {T, HV, V}, v.ptr);
+    call.a = device_view(io, {T, HV, K}, a.ptr);
+    call.b = device_view(io, {T, HV}, b.ptr);
+    call.A_log = device_view(DType::f32, {HV}, A_log.ptr);
+    call.dt_bias = device_view(DType::f32, {HV * K}, dt_bias.ptr);
+    call.initial_state = device_view(DType::f32, {N, HV, V, K}, state.ptr);
+    call.out = device_view(io, {T, HV, V}, out.ptr);
     call.cu_seqlens = device_view(DType::i32, {N + 1}, cu_dev.ptr);
     call.cu_seqlens->values = cu;
     call.initial_state_indices = device_view(DType::i32, {N}, idx_dev.ptr);
@@ -108,8 +110,9 @@ cudaError_t prefill(const kdaguard::PrefillCall& call) {
   return status.ok() ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H, DType io = DType::bf16) {
-  PrefillProblem p(std::move(lens), H, io);
+void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H, DType io = DType::bf16,
+                 int HV = 0) {
+  PrefillProblem p(std::move(lens), H, io, HV);
   if (!kdaguard::validate(p.call).accepted()) {
     state.SkipWithError(kdaguard::describe(kdaguard::validate(p.call)).c_str());
     return;
@@ -131,11 +134,13 @@ void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H,
   }
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
-  const double token_heads = static_cast<double>(p.T) * H;
+  // Token-heads count value heads: each (token, value head) is one step of one state.
+  const double token_heads = static_cast<double>(p.T) * p.HV;
   state.counters["token_heads_per_s"] =
       benchmark::Counter(token_heads, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["T_tot"] = static_cast<double>(p.T);
   state.counters["H"] = H;
+  state.counters["HV"] = p.HV;
 }
 
 void BM_Prefill(benchmark::State& state) {
@@ -148,6 +153,13 @@ void BM_Prefill(benchmark::State& state) {
 void BM_PrefillF16(benchmark::State& state) {
   run_prefill(state, std::vector<std::int64_t>(static_cast<std::size_t>(state.range(2)), state.range(0)),
               static_cast<int>(state.range(1)), DType::f16);
+}
+
+// Grouped value heads (GVA): H q/k heads shared by HV = 2H value heads, as in K3's H = 16,
+// HV = 32 (per GPU at tensor parallelism 2).
+void BM_PrefillGVA(benchmark::State& state) {
+  run_prefill(state, std::vector<std::int64_t>(1, state.range(0)), static_cast<int>(state.range(1)),
+              DType::bf16, static_cast<int>(state.range(2)));
 }
 
 // 10 ragged sequences summing to 8192.
@@ -182,6 +194,15 @@ BENCHMARK(BM_Prefill)
 BENCHMARK(BM_PrefillF16)
     ->Args({8192, 12, 1})->Args({8192, 64, 1})
     ->ArgNames({"T", "H", "B"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PrefillGVA)
+    ->Args({8192, 16, 32})
+    ->ArgNames({"T", "H", "HV"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinWarmUpTime(0.05)
