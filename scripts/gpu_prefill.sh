@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU-machine session for the prefill work: conformance, benchmark, the peer (fla chunk_kda)
+# One GPU-machine run for the prefill work: conformance, benchmark, the peer (fla chunk_kda)
 # and compute-sanitizer on a small sample, each step under its own time limit, logs under $OUT.
 # Binaries come prebuilt in .carry/prefill (prefill_conformance, bench_prefill), shared
 # libraries in .carry/lib, the fla-core wheel in .whl. Usage: scripts/gpu_prefill.sh [steps...]
