@@ -8,7 +8,8 @@
 // at H in {4, 12}; B = 2 at H in {12, 64}; T = 512; 10 ragged sequences summing to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
 // ceiling is measured by the same binary (BM_CopyCeiling). BM_PrefillF16: the same call with f16
 // q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}. BM_PrefillGVA: H = 16 q/k heads over
-// HV = 32 value heads at T = 8192, B = 1; token-heads count value heads.
+// HV = 32 value heads at T = 8192, B = 1; token-heads count value heads. BM_PrefillSpan: T = 8192,
+// B = 1 at H in {12, 24, 32, 64} with the chain's span length forced (-1: the model's choice).
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -21,6 +22,8 @@
 #include "bench_support.cuh"
 #include "kdaguard/contracts/validate.h"
 #include "kdaguard/kda.h"
+#include "kdaguard/lower.h"
+#include "prefill_launch.h"  // the launcher with a forced span length (BM_PrefillSpan)
 
 namespace {
 
@@ -155,6 +158,49 @@ void BM_PrefillF16(benchmark::State& state) {
               static_cast<int>(state.range(1)), DType::f16);
 }
 
+// The chain split at a forced span length, against the entry point's own choice (span -1) and no
+// split (span 0): the measurements the span model (choose_chunks_per_span) is judged by. The
+// call is validated once, outside the loop; each timed call lowers it and launches.
+void BM_PrefillSpan(benchmark::State& state) {
+  const std::int64_t T = state.range(0);
+  const int H = static_cast<int>(state.range(1));
+  const auto span = static_cast<std::int32_t>(state.range(2));
+  PrefillProblem p({T}, H);
+  if (!kdaguard::validate(p.call).accepted()) {
+    state.SkipWithError(kdaguard::describe(kdaguard::validate(p.call)).c_str());
+    return;
+  }
+  const DeviceBuffer error_word(8);
+  CHECK_CUDA(cudaMemset(error_word.ptr, 0, 8));
+  const kdaguard::gpu::detail::GuardState guard{static_cast<unsigned long long*>(error_word.ptr)};
+  const auto launch = [&] {
+    return kdaguard::gpu::detail::launch_prefill_with_span(kdaguard::lower(p.call), guard, nullptr,
+                                                           span < 0 ? kdaguard::gpu::detail::kChooseSpan : span);
+  };
+  CHECK_CUDA(launch());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (auto _ : state) {
+    CHECK_CUDA(cudaEventRecord(start));
+    const cudaError_t launched = launch();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(launched);
+    float ms = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  unsigned long long faults = 0;
+  CHECK_CUDA(cudaMemcpy(&faults, error_word.ptr, 8, cudaMemcpyDeviceToHost));
+  if (faults != 0) state.SkipWithError("the kernels reported a fault on a valid call");
+  state.counters["token_heads_per_s"] =
+      benchmark::Counter(static_cast<double>(T) * H, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Grouped value heads (GVA): H q/k heads shared by HV = 2H value heads, as in K3's H = 16,
 // HV = 32 (per GPU at tensor parallelism 2).
 void BM_PrefillGVA(benchmark::State& state) {
@@ -208,6 +254,15 @@ BENCHMARK(BM_PrefillGVA)
     ->MinWarmUpTime(0.05)
     ->MinTime(0.1)
     ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PrefillSpan)
+    ->ArgsProduct({{8192}, {12, 24, 32, 64}, {-1, 0, 4, 8, 16, 32, 64, 128}})
+    ->ArgNames({"T", "H", "span"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_PrefillRagged)
     ->ArgsProduct({{12, 64}})
