@@ -86,9 +86,9 @@ constexpr int kPreparedKeys = kEntryCount * kHeadDimCount * kHeadDimCount *
 std::array<std::atomic<std::uint64_t>, kPreparedKeys> prepared_devices{};
 
 // The word of a combination, or -1 for one no kernel runs. Commit has no q/k/v: its io dtype is
-// ignored (taken as the state's).
+// ignored (taken as the state's), as is replay_commit's.
 int prepared_key(Entry entry, std::int32_t K, std::int32_t V, DType io, DType state) {
-  if (entry == Entry::commit) io = state;
+  if (entry == Entry::commit || entry == Entry::replay_commit) io = state;
   const int k = supported::index_in(supported::kHeadDims, K);
   const int v = supported::index_in(supported::kHeadDims, V);
   const int io_index = supported::index_in(supported::kIoDTypes, io);
@@ -171,6 +171,19 @@ Status can_implement(const VerifyCall& call) {
   return admit(call, verdict);
 }
 Status can_implement(const CommitCall& call) {
+  Verdict verdict;
+  return admit(call, verdict);
+}
+
+Status can_implement(const RecordVerifyCall& call) {
+  Verdict verdict;
+  return admit(call, verdict);
+}
+Status can_implement(const ReplayCommitCall& call) {
+  Verdict verdict;
+  return admit(call, verdict);
+}
+Status can_implement(const AcceptVerifyCall& call) {
   Verdict verdict;
   return admit(call, verdict);
 }
@@ -397,6 +410,58 @@ template <class Call> void fill_token_inputs(Call& c, WarmUpBuffers& b, std::int
 
 }  // namespace
 
+namespace {
+
+// The record-based path (records/): validate, lower, and launch the kernel that judges its own
+// rows (launch_self_judged); its key is marked prepared after an uncaptured launch with rows.
+template <class Call, class Params, class Launch>
+Status run_records(const Call& call, const Params& params, const Verdict& verdict,
+                   std::int32_t K, std::int32_t V, const TokenInputs* in, DType state,
+                   std::int64_t rows, const LaunchOptions& options, Launch&& launch) {
+  if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
+  const PreparedKey key{prepared_key(Call::kEntry, K, V, in ? in->io_dtype : state, state),
+                        call.device.index};
+  bool capturing = false;
+  if (Status s = capture_ready(Call::kEntry, key, in, state, K, V, options.stream, capturing);
+      !s.ok())
+    return s;
+  const detail::GuardState guard{options.guard.error_word, nullptr, !verdict.deferred.empty(),
+                                 enabled_device_rules()};
+  Status launched = Status::success();
+  if (const cudaError_t e = launch(params, guard, options.chunks_per_block, options.stream);
+      e != cudaSuccess)
+    launched = cuda_failure("kernel launch", e);
+  if (launched.ok() && !capturing && rows > 0) key.mark();
+  return launched;
+}
+
+}  // namespace
+
+Status record_verify(const RecordVerifyCall& call, const LaunchOptions& options) {
+  Verdict verdict;
+  if (Status s = admit(call, verdict); !s.ok()) return s;
+  const RecordVerifyParams params = lower(call);
+  return run_records(call, params, verdict, params.in.K, params.in.V, &params.in,
+                     params.state.dtype, params.rows, options, detail::launch_record_verify);
+}
+
+Status replay_commit(const ReplayCommitCall& call, const LaunchOptions& options) {
+  Verdict verdict;
+  if (Status s = admit(call, verdict); !s.ok()) return s;
+  const ReplayCommitParams params = lower(call);
+  return run_records(call, params, verdict, params.K, params.V, nullptr, params.state.dtype,
+                     params.rows, options, detail::launch_replay_commit);
+}
+
+Status accept_verify(const AcceptVerifyCall& call, const LaunchOptions& options) {
+  Verdict verdict;
+  if (Status s = admit(call, verdict); !s.ok()) return s;
+  const AcceptVerifyParams params = lower(call);
+  const RecordVerifyParams& v = params.verify;
+  return run_records(call, params, verdict, v.in.K, v.in.V, &v.in, v.state.dtype, v.rows,
+                     options, detail::launch_accept_verify);
+}
+
 Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DType state_dtype,
                Device device) {
   if (device.kind != Device::Kind::cuda)
@@ -407,6 +472,11 @@ Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DTyp
         "no kernels for {} with K = {}, V = {}, q/k/v {}, state {}", entry_name(entry), K, V,
         dtype_name(io_dtype), dtype_name(state_dtype)));
   if (prepared(entry, K, V, io_dtype, state_dtype, device)) return Status::success();
+  if (entry == Entry::record_verify || entry == Entry::replay_commit ||
+      entry == Entry::accept_verify)
+    return Status::unsupported_because(fmt::format(
+        "prepare has no warm-up call for {}; make one uncaptured call before capturing",
+        entry_name(entry)));
   const CurrentDevice current(device.index);
   if (current.error() != cudaSuccess) return cuda_failure("cudaSetDevice", current.error());
 

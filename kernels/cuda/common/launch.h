@@ -43,6 +43,16 @@ cudaError_t launch_verify(const VerifyParams& p, GuardState guard, int chunks_pe
                           cudaStream_t stream);
 cudaError_t launch_commit(const CommitParams& p, GuardState guard, cudaStream_t stream);
 
+// The record-based path (records/): every kernel judges its rows in its prologue, every value
+// rule when values were deferred (judge_values); a call without rows launches only the guard
+// kernel for its single offset, and only when values were deferred.
+cudaError_t launch_record_verify(const RecordVerifyParams& p, GuardState guard,
+                                 int chunks_per_block, cudaStream_t stream);
+cudaError_t launch_replay_commit(const ReplayCommitParams& p, GuardState guard,
+                                 int chunks_per_block, cudaStream_t stream);
+cudaError_t launch_accept_verify(const AcceptVerifyParams& p, GuardState guard,
+                                 int chunks_per_block, cudaStream_t stream);
+
 // The guard kernel of a decode or commit call without rows: judges its single cu_seqlens offset
 // (row_rules::call_faults), which no row's prologue sees.
 cudaError_t launch_empty_call_guard(const DecodeParams& p, GuardState guard, cudaStream_t stream);

@@ -51,6 +51,7 @@ template <int K, int kSteps> struct alignas(16) StepInputs {
 // asked), q (normalised and scaled), the decay exp(g) per channel, beta, and k . q.
 template <int kCh> struct LaneToken {
   float k[kCh], q[kCh], decay[kCh];
+  float g[kCh];  // the activated log-space decay: what a record keeps (records/)
   float beta, kq;
 };
 
@@ -136,6 +137,7 @@ __device__ __forceinline__ LaneToken<kCh> finish_lane_token(const TokenInputs& i
         g = in.lower_bound / (1.f + expf(-a_exp * gx));
       }
     }
+    t.g[i] = g;
     t.decay[i] = expf(g);
   }
   t.beta = in.beta_kind == BetaKind::logits ? 1.f / (1.f + expf(-x.b)) : x.b;
@@ -150,11 +152,14 @@ __device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& 
 }
 
 // One warp prepares one token for value head hv into shared memory (verify): the lane-token
-// preparation over channels lane + 32 i, and v for the block's `rows` rows from row0.
+// preparation over channels lane + 32 i, and v for the block's `rows` rows from row0. record_gk
+// non-null (record-based verify): the token's g and k are also written there, g at [0, K) and k
+// at [K, 2K) of its record.
 template <class IO, int K, int kSteps>
 __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
                                               int row0, int rows, int lane, int step,
-                                              StepInputs<K, kSteps>& sm) {
+                                              StepInputs<K, kSteps>& sm,
+                                              float* record_gk = nullptr) {
   constexpr int kPerLane = K / 32;
   constexpr int kVPerLane = kMaxRowsPerBlock / 32;
   const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
@@ -172,6 +177,10 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
     sm.k[step][c] = t.k[i];
     sm.q[step][c] = t.q[i];
     sm.decay[step][c] = t.decay[i];
+    if (record_gk != nullptr) {
+      record_gk[c] = t.g[i];
+      record_gk[K + c] = t.k[i];
+    }
   }
 #pragma unroll
   for (int i = 0; i < kVPerLane; ++i) sm.v[step][lane + 32 * i] = vx[i];
@@ -185,9 +194,10 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
 // rank-1 correction; returns the row's output o = S_new . q. k, q and the decay are read from
 // shared memory in the lane's element order. Every lane of the warp must call it (the reductions
 // shuffle across the whole warp).
+// u_out: the row's prediction error u = beta (v - S k), what a record keeps of the row.
 template <class ST, int K, int kSteps>
 __device__ __forceinline__ float step_row(float (&s)[16], const StepInputs<K, kSteps>& sm, int step,
-                                          int group_lane, float v) {
+                                          int group_lane, float v, float& u_out) {
   using Tile = RowTile<ST, K>;
   float sk = 0.f, sq = 0.f;
   float k[16];
@@ -217,7 +227,43 @@ __device__ __forceinline__ float step_row(float (&s)[16], const StepInputs<K, kS
   const float u = sm.beta[step] * (v - sk);
 #pragma unroll
   for (int e = 0; e < 16; ++e) s[e] += u * k[e];
+  u_out = u;
   return sq + u * sm.kq[step];
+}
+template <class ST, int K, int kSteps>
+__device__ __forceinline__ float step_row(float (&s)[16], const StepInputs<K, kSteps>& sm, int step,
+                                          int group_lane, float v) {
+  float u;
+  return step_row<ST, K, kSteps>(s, sm, step, group_lane, v, u);
+}
+
+// One recorded step replayed on one state row held by a lane group: S <- S diag(exp(g)) + u k^T,
+// with the same operations in the same order as step_row, so the replayed row equals the one the
+// verify carried. sm holds the record's k and exp(g) (decay) in step_row's places; u is the row's.
+template <class ST, int K, int kSteps>
+__device__ __forceinline__ void replay_row(float (&s)[16], const StepInputs<K, kSteps>& sm, int step,
+                                           int group_lane, float u) {
+  using Tile = RowTile<ST, K>;
+  float k[16];
+#pragma unroll
+  for (int c = 0; c < Tile::kVecs; ++c) {
+#pragma unroll
+    for (int w = 0; w < Tile::kPerVec; w += 4) {
+      const int at = (c * Tile::kLanes + group_lane) * Tile::kPerVec + w;
+      const float4 kv = *reinterpret_cast<const float4*>(&sm.k[step][at]);
+      const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[step][at]);
+      const int e = c * Tile::kPerVec + w;
+      const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+      const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[e + j] *= dd[j];
+        k[e + j] = kk[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 16; ++e) s[e] += u * k[e];
 }
 
 // Block coordinates: blockIdx.x enumerates (row n, head hv, slice), slices fastest.

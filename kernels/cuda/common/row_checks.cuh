@@ -155,6 +155,57 @@ __device__ __forceinline__ std::uint64_t row_verdict(const CommitParams& p, cons
   return rr::row_faults<rr::kCommitMemoryRules>(commit_rows(p, false), n) & guard.enabled;
 }
 
+// ---- the record-based path (records/) ----
+// Its rows as row_rules.h reads them: verify's and commit's without the scratch addressing
+// (records are addressed by row), and the prior accepted counts of the fused form.
+__host__ __device__ __forceinline__ rr::VerifyRows<DeviceIndex> record_verify_rows(
+    const RecordVerifyParams& p) {
+  return {p.rows, p.total_tokens, p.draft_tokens, p.state.num_slots, 0,
+          index_of(p.cu_seqlens), index_of(p.cache_indices), {}, {}};
+}
+__host__ __device__ __forceinline__ rr::CommitRows<DeviceIndex> replay_commit_rows(
+    const ReplayCommitParams& p) {
+  return {p.rows, p.draft_tokens, p.state.num_slots, 0, index_of(p.cu_seqlens),
+          index_of(p.cache_indices), {}, {}, index_of(p.accepted)};
+}
+__host__ __device__ __forceinline__ rr::AcceptVerifyRows<DeviceIndex> accept_verify_rows(
+    const AcceptVerifyParams& p) {
+  return {record_verify_rows(p.verify), p.prior_records.steps, index_of(p.prior_accepted)};
+}
+
+// The prologue's verdict on row n of a record kernel: every value rule of the entry point when the
+// host deferred some, else its memory-safety subset (the slot, the row's tokens, and the counts of
+// records it replays: a count past the buffer's steps would read outside it). Block-wide, uniform.
+inline constexpr std::uint64_t kAcceptVerifyMemoryRules =
+    rr::kVerifyMemoryRules | vc::rule_bit(RuleId::accept_prior_accepted);
+__device__ __forceinline__ std::uint64_t row_verdict(const RecordVerifyParams& p,
+                                                     const GuardState& guard, std::int32_t n) {
+  const auto rows = record_verify_rows(p);
+  if (guard.judge_values)
+    return (rr::row_faults<rr::kRecordVerifyRules>(rows, n) |
+            unique_faults<BlockGroup>(unique_maps(rows), n)) &
+           guard.enabled;
+  return rr::row_faults<rr::kVerifyMemoryRules>(rows, n) & guard.enabled;
+}
+__device__ __forceinline__ std::uint64_t row_verdict(const ReplayCommitParams& p,
+                                                     const GuardState& guard, std::int32_t n) {
+  const auto rows = replay_commit_rows(p);
+  if (guard.judge_values)
+    return (rr::row_faults<rr::kReplayCommitRules>(rows, n) |
+            unique_faults<BlockGroup>(unique_maps(rows), n)) &
+           guard.enabled;
+  return rr::row_faults<rr::kCommitMemoryRules>(rows, n) & guard.enabled;
+}
+__device__ __forceinline__ std::uint64_t row_verdict(const AcceptVerifyParams& p,
+                                                     const GuardState& guard, std::int32_t n) {
+  const auto rows = accept_verify_rows(p);
+  if (guard.judge_values)
+    return (rr::row_faults<rr::kAcceptVerifyRules>(rows, n) |
+            unique_faults<BlockGroup>(unique_maps(rows.verify), n)) &
+           guard.enabled;
+  return rr::row_faults<kAcceptVerifyMemoryRules>(rows, n) & guard.enabled;
+}
+
 // Flat scratch slot of step t of row n, or -1 when the step is skipped.
 __device__ __forceinline__ std::int64_t scratch_slot(const ScratchTarget& t, std::int32_t n,
                                                      std::int32_t step) {

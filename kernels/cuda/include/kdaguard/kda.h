@@ -74,6 +74,9 @@ Status can_implement(const DecodeCall& call);
 Status can_implement(const PrefillCall& call);
 Status can_implement(const VerifyCall& call);
 Status can_implement(const CommitCall& call);
+Status can_implement(const RecordVerifyCall& call);
+Status can_implement(const ReplayCommitCall& call);
+Status can_implement(const AcceptVerifyCall& call);
 
 // Bytes of workspace a prefill of total_tokens tokens in num_seqs sequences needs at these dims
 // and input dtype: 0 for f32 inputs (their kernel needs none) and for an empty call, -1 for dims
@@ -107,6 +110,20 @@ Status verify(const VerifyCall& call, const LaunchOptions& options = {});
 // The state after row n's last accepted step is copied into slot cache_indices[n]; rows that
 // accepted nothing, and padding rows, are left alone.
 Status commit(const CommitCall& call, const LaunchOptions& options = {});
+
+// The record-based speculative path (contracts/NOTES.md). Every kernel judges its own rows in its
+// prologue, so the guard needs an error word only (no row flags).
+// record_verify: verify's outputs from the committed state (read only), writing per (row, step,
+// value head) the record g | k | u to records[n, t, hv] instead of the state; padding rows get
+// zero outputs and write no records.
+Status record_verify(const RecordVerifyCall& call, const LaunchOptions& options = {});
+// replay_commit: slot cache_indices[n] gets row n's first accepted[n] records replayed onto it,
+// read once and written once; rows that accepted nothing, and padding rows, are left alone.
+Status replay_commit(const ReplayCommitCall& call, const LaunchOptions& options = {});
+// accept_verify: replays prior_records[n, 0..prior_accepted[n]) onto slot cache_indices[n], writes
+// it back in place when that count is > 0, then record-verifies the new draft from it: one read
+// and one write of the state per row whatever T.
+Status accept_verify(const AcceptVerifyCall& call, const LaunchOptions& options = {});
 
 // The rules whose bits are set in an error word read back from a DeviceGuard, in catalogue order.
 inline std::vector<RuleId> rules_in(std::uint64_t error_word) {
