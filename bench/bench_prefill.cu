@@ -8,8 +8,8 @@
 // at H in {4, 12}; B = 2 at H in {12, 64}; T = 512; 10 ragged sequences summing to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
 // ceiling is measured by the same binary (BM_CopyCeiling). BM_PrefillF16: the same call with f16
 // q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}. BM_PrefillGVA: H = 16 q/k heads over
-// HV = 32 value heads at T = 8192, B = 1; token-heads count value heads. BM_PrefillSpan: T = 8192,
-// B = 1 at H in {12, 24, 32, 64} with the chain's span length forced (-1: the model's choice).
+// HV = 32 value heads at T = 8192, B = 1; token-heads count value heads. BM_PrefillSpan: the
+// chain's span length forced over a sweep of (T, H, B) shapes (-1: the model's choice).
 #include <benchmark/benchmark.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -165,7 +165,8 @@ void BM_PrefillSpan(benchmark::State& state) {
   const std::int64_t T = state.range(0);
   const int H = static_cast<int>(state.range(1));
   const auto span = static_cast<std::int32_t>(state.range(2));
-  PrefillProblem p({T}, H);
+  const std::int64_t B = state.range(3);
+  PrefillProblem p(std::vector<std::int64_t>(B, T / B), H);
   if (!kdaguard::validate(p.call).accepted()) {
     state.SkipWithError(kdaguard::describe(kdaguard::validate(p.call)).c_str());
     return;
@@ -255,13 +256,24 @@ BENCHMARK(BM_PrefillGVA)
     ->MinTime(0.1)
     ->Repetitions(5)
     ->ReportAggregatesOnly(true);
+// The span sweep: (T, H, B) shapes from short batched prefills to one long sequence, each at the
+// model's span (-1), unsplit (0) and forced span lengths; the points choose_chunks_per_span is
+// fitted to (bench/NOTES_prefill.md).
+void span_sweep(benchmark::internal::Benchmark* b) {
+  const std::int64_t shapes[][3] = {{2048, 12, 1}, {2048, 64, 1}, {8192, 4, 1},  {8192, 12, 1},
+                                    {8192, 24, 1}, {8192, 32, 1}, {8192, 64, 1}, {32768, 4, 1},
+                                    {32768, 12, 1}, {32768, 32, 1}, {65536, 4, 1}, {65536, 12, 1},
+                                    {8192, 12, 4}, {8192, 32, 8}};
+  for (const auto& s : shapes)
+    for (std::int64_t span : {-1, 0, 4, 8, 16, 32, 64, 128, 256}) b->Args({s[0], s[1], span, s[2]});
+}
 BENCHMARK(BM_PrefillSpan)
-    ->ArgsProduct({{8192}, {12, 24, 32, 64}, {-1, 0, 4, 8, 16, 32, 64, 128}})
-    ->ArgNames({"T", "H", "span"})
+    ->Apply(span_sweep)
+    ->ArgNames({"T", "H", "span", "B"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
+    ->MinWarmUpTime(0.02)
+    ->MinTime(0.05)
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_PrefillRagged)
