@@ -234,5 +234,18 @@ TEST(RecordRule, EveryRecordOnlyRuleHasACase) {
   }
 }
 
+// Without a row count (q of the wrong rank) the value rules have no T_tot to judge cu_seqlens
+// against: the verdict is q's rank alone, not also the offsets' total against some row count.
+TEST(RecordRules, NoRowCountDefersTheRowRules) {
+  auto rv = record_verify();
+  rv.q = view(DType::bf16, {9, 128});
+  const Verdict v = validate(rv);
+  EXPECT_EQ(rules_of(v), std::set<RuleId>{RuleId::arg_rank}) << describe(v);
+  auto av = accept_verify();
+  av.q = view(DType::bf16, {9, 128});
+  const Verdict w = validate(av);
+  EXPECT_EQ(rules_of(w), std::set<RuleId>{RuleId::arg_rank}) << describe(w);
+}
+
 }  // namespace
 }  // namespace kdaguard

@@ -593,6 +593,44 @@ TEST(EdgeValues, CommitScratchOfAnotherHeadDim) {
   EXPECT_EQ(v.violations[0].argument, "scratch");
 }
 
+// Commit takes V from the state pool too: a scratch of another V is its shape's fault.
+TEST(EdgeValues, CommitScratchOfAnotherValueDim) {
+  auto c = commit();
+  const Shape s = verify_shape();
+  c.scratch = view(DType::f32, {4, 4, s.HV, 2 * s.V, s.K});
+  const Verdict v = validate(c);
+  ASSERT_EQ(v.violations.size(), 1u) << describe(v);
+  EXPECT_EQ(v.violations[0].rule, RuleId::arg_shape);
+  EXPECT_EQ(v.violations[0].argument, "scratch");
+}
+
+// HV = 0 is a multiple of every H but not a positive one: dims.heads, on v.
+TEST(EdgeValues, NoValueHeadsIsNotAPositiveMultipleOfH) {
+  Shape s;
+  s.HV = 0;
+  const Verdict v = validate(decode(s));
+  bool heads = false;
+  for (const Violation& x : v.violations)
+    if (x.rule == RuleId::dims_heads) {
+      heads = true;
+      EXPECT_EQ(x.argument, "v");
+      EXPECT_EQ(x.message, "HV must be a positive multiple of H; got HV = 0 (v), H = 2 (q)");
+    }
+  EXPECT_TRUE(heads) << describe(v);
+}
+
+// A dim of size 1 is never stepped along, so its stride cannot make an output overlap, even
+// when it is smaller than the other dims' strides.
+TEST(EdgeValues, OutputSizeOneDimWithASmallStrideIsOneToOne) {
+  Shape s;
+  s.rows = 1;
+  auto c = decode(s);
+  c.cache_indices = index_view({3});
+  ASSERT_TRUE(validate(c).accepted()) << describe(validate(c));
+  c.out->stride[0] = 8;  // 16 bytes: below the head stride V = 64
+  EXPECT_TRUE(validate(c).accepted()) << describe(validate(c));
+}
+
 // An out-of-range scratch index names its row and its step, in that order.
 TEST(EdgeValues, ScratchIndexOutOfRangeNamesRowThenStep) {
   auto c = verify();
