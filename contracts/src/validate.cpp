@@ -143,13 +143,22 @@ struct ArgSpec {
   bool leading_at_least;
   std::array<Dim, 5> dims;
   int rank;
+  // The rule a leading dim shorter than its size breaks (leading_at_least only): the gates and
+  // beta cover q's tokens (gate.cover_tokens), the index maps the call's rows (index.length).
+  RuleId short_leading = RuleId::index_length;
 };
 
 constexpr ArgSpec spec(Arg arg, Kind kind, DTypeRule dtype, bool output, bool at_least,
                        std::initializer_list<Dim> dims) {
-  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size())};
+  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size()), {}};
   int i = 0;
   for (Dim d : dims) s.dims[i++] = d;
+  return s;
+}
+
+// A per-token gate or beta: too few rows is gate.cover_tokens.
+constexpr ArgSpec covering_tokens(ArgSpec s) {
+  s.short_leading = RuleId::gate_cover_tokens;
   return s;
 }
 
@@ -161,12 +170,16 @@ using enum Kind;
 constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
-constexpr ArgSpec kA = spec(Arg::a, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
-constexpr ArgSpec kG = spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
+constexpr ArgSpec kA =
+    covering_tokens(spec(Arg::a, kVector, kF32OrIo, false, true, {kRows, kHV, kK}));
+constexpr ArgSpec kG =
+    covering_tokens(spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK}));
 constexpr ArgSpec kALog = spec(Arg::A_log, kScalars, kF32, false, false, {kHV});
 constexpr ArgSpec kDtBias = spec(Arg::dt_bias, kVector, kF32, false, false, {kHVxK});
-constexpr ArgSpec kB = spec(Arg::b, kScalars, kF32OrIo, false, true, {kRows, kHV});
-constexpr ArgSpec kBeta = spec(Arg::beta, kScalars, kF32OrIo, false, true, {kRows, kHV});
+constexpr ArgSpec kB =
+    covering_tokens(spec(Arg::b, kScalars, kF32OrIo, false, true, {kRows, kHV}));
+constexpr ArgSpec kBeta =
+    covering_tokens(spec(Arg::beta, kScalars, kF32OrIo, false, true, {kRows, kHV}));
 constexpr ArgSpec kOut = spec(Arg::out, kVector, kIo, true, false, {kRows, kHV, kV});
 
 constexpr std::array kDecodeSpecs = {
@@ -528,9 +541,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
       const i64 got = t.shape[d];
       if (got == *want || (d == 0 && s.leading_at_least && got > *want)) continue;
       if (d == 0 && s.leading_at_least && got < *want) {
-        const bool gate_or_beta =
-            s.arg == Arg::a || s.arg == Arg::g || s.arg == Arg::b || s.arg == Arg::beta;
-        if (gate_or_beta) {
+        if (s.short_leading == RuleId::gate_cover_tokens) {
           // gate.cover_tokens
           fail(RuleId::gate_cover_tokens,
                fmt::format("g and beta must cover every q token: {} has {} rows, q has {}", name,
