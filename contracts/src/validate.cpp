@@ -146,11 +146,14 @@ struct ArgSpec {
   // The rule a leading dim shorter than its size breaks (leading_at_least only): the gates and
   // beta cover q's tokens (gate.cover_tokens), the index maps the call's rows (index.length).
   RuleId short_leading = RuleId::index_length;
+  // One rule of the argument's own covering its dtype, rank and shape together, in place of
+  // arg.dtype, arg.rank and arg.shape (scratch_indices: verify.scratch_indices).
+  std::optional<RuleId> form_rule;
 };
 
 constexpr ArgSpec spec(Arg arg, Kind kind, DTypeRule dtype, bool output, bool at_least,
                        std::initializer_list<Dim> dims) {
-  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size()), {}};
+  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size()), {}, {}};
   int i = 0;
   for (Dim d : dims) s.dims[i++] = d;
   return s;
@@ -199,8 +202,11 @@ constexpr std::array kPrefillSpecs = {
 constexpr ArgSpec kScratchSpec = spec(Arg::scratch, kScratch, kState, true, false,
                                       {kAny, kAny, kHV, kV, kK});
 constexpr ArgSpec kRowMap = spec(Arg::scratch_row_map, kScalars, kI32, false, true, {kN});
-constexpr ArgSpec kScratchIndices =
-    spec(Arg::scratch_indices, kScalars, kI32, false, false, {kN, kT});
+constexpr ArgSpec kScratchIndices = [] {
+  ArgSpec s = spec(Arg::scratch_indices, kScalars, kI32, false, false, {kN, kT});
+  s.form_rule = RuleId::verify_scratch_indices;
+  return s;
+}();
 
 constexpr std::array kVerifySpecs = {
     kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta,
@@ -489,7 +495,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
   const TensorView* q = ctx.view(Arg::q);
   const DType* io = q && s.arg != Arg::q && is_floating(q->dtype) ? &q->dtype : nullptr;
-  if (s.arg == Arg::scratch_indices) {
+  if (s.form_rule) {
     // verify.scratch_indices covers its dtype, rank and shape together.
   } else if (!dtype_allowed(s.dtype, t.dtype, io)) {
     // arg.dtype
@@ -510,7 +516,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
       fail(RuleId::verify_scratch_layout,
            fmt::format("scratch must be a 5-D [S_spec, T_alloc, HV, V, K] pool; got shape {}",
                        shape_text(t)));
-    } else if (s.arg == Arg::scratch_indices) {
+    } else if (s.form_rule) {
       // verify.scratch_indices
       fail(RuleId::verify_scratch_indices,
            fmt::format("scratch_indices must be a 2-D [N, T] i32 tensor; got rank {}", t.rank));
@@ -554,7 +560,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
         }
         continue;
       }
-      if (s.arg == Arg::scratch_indices) {
+      if (s.form_rule) {
         // verify.scratch_indices
         fail(RuleId::verify_scratch_indices,
              fmt::format("scratch_indices must be [N, T] = [{}, {}]; got shape {}",
@@ -567,7 +573,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
                                           shape_text(t)));
     }
   }
-  if (s.arg == Arg::scratch_indices && t.dtype != DType::i32)
+  if (s.form_rule && t.dtype != DType::i32)
     // verify.scratch_indices
     fail(RuleId::verify_scratch_indices,
          fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
