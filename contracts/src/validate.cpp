@@ -143,13 +143,25 @@ struct ArgSpec {
   bool leading_at_least;
   std::array<Dim, 5> dims;
   int rank;
+  // The rule a leading dim shorter than its size breaks (leading_at_least only): the gates and
+  // beta cover q's tokens (gate.cover_tokens), the index maps the call's rows (index.length).
+  RuleId short_leading = RuleId::index_length;
+  // One rule of the argument's own covering its dtype, rank and shape together, in place of
+  // arg.dtype, arg.rank and arg.shape (scratch_indices: verify.scratch_indices).
+  std::optional<RuleId> form_rule;
 };
 
 constexpr ArgSpec spec(Arg arg, Kind kind, DTypeRule dtype, bool output, bool at_least,
                        std::initializer_list<Dim> dims) {
-  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size())};
+  ArgSpec s{arg, kind, dtype, output, at_least, {}, static_cast<int>(dims.size()), {}, {}};
   int i = 0;
   for (Dim d : dims) s.dims[i++] = d;
+  return s;
+}
+
+// A per-token gate or beta: too few rows is gate.cover_tokens.
+constexpr ArgSpec covering_tokens(ArgSpec s) {
+  s.short_leading = RuleId::gate_cover_tokens;
   return s;
 }
 
@@ -161,12 +173,16 @@ using enum Kind;
 constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
-constexpr ArgSpec kA = spec(Arg::a, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
-constexpr ArgSpec kG = spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK});
+constexpr ArgSpec kA =
+    covering_tokens(spec(Arg::a, kVector, kF32OrIo, false, true, {kRows, kHV, kK}));
+constexpr ArgSpec kG =
+    covering_tokens(spec(Arg::g, kVector, kF32OrIo, false, true, {kRows, kHV, kK}));
 constexpr ArgSpec kALog = spec(Arg::A_log, kScalars, kF32, false, false, {kHV});
 constexpr ArgSpec kDtBias = spec(Arg::dt_bias, kVector, kF32, false, false, {kHVxK});
-constexpr ArgSpec kB = spec(Arg::b, kScalars, kF32OrIo, false, true, {kRows, kHV});
-constexpr ArgSpec kBeta = spec(Arg::beta, kScalars, kF32OrIo, false, true, {kRows, kHV});
+constexpr ArgSpec kB =
+    covering_tokens(spec(Arg::b, kScalars, kF32OrIo, false, true, {kRows, kHV}));
+constexpr ArgSpec kBeta =
+    covering_tokens(spec(Arg::beta, kScalars, kF32OrIo, false, true, {kRows, kHV}));
 constexpr ArgSpec kOut = spec(Arg::out, kVector, kIo, true, false, {kRows, kHV, kV});
 
 constexpr std::array kDecodeSpecs = {
@@ -186,8 +202,11 @@ constexpr std::array kPrefillSpecs = {
 constexpr ArgSpec kScratchSpec = spec(Arg::scratch, kScratch, kState, true, false,
                                       {kAny, kAny, kHV, kV, kK});
 constexpr ArgSpec kRowMap = spec(Arg::scratch_row_map, kScalars, kI32, false, true, {kN});
-constexpr ArgSpec kScratchIndices =
-    spec(Arg::scratch_indices, kScalars, kI32, false, false, {kN, kT});
+constexpr ArgSpec kScratchIndices = [] {
+  ArgSpec s = spec(Arg::scratch_indices, kScalars, kI32, false, false, {kN, kT});
+  s.form_rule = RuleId::verify_scratch_indices;
+  return s;
+}();
 
 constexpr std::array kVerifySpecs = {
     kQ, kKey, kVal, kA, kG, kALog, kDtBias, kB, kBeta,
@@ -469,15 +488,17 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   // Device.
   const Device dev = t.device.value_or(ctx.device);
   if (dev != ctx.device)
+    // arg.device
     fail(RuleId::arg_device, fmt::format("{} is on {}; the call runs on {}", name,
                                          device_name(dev), device_name(ctx.device)));
 
   // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
   const TensorView* q = ctx.view(Arg::q);
   const DType* io = q && s.arg != Arg::q && is_floating(q->dtype) ? &q->dtype : nullptr;
-  if (s.arg == Arg::scratch_indices) {
+  if (s.form_rule) {
     // verify.scratch_indices covers its dtype, rank and shape together.
   } else if (!dtype_allowed(s.dtype, t.dtype, io)) {
+    // arg.dtype
     fail(RuleId::arg_dtype, fmt::format("{} has dtype {}; expected {}", name, dtype_name(t.dtype),
                                         dtype_expectation(s.dtype, io)));
   }
@@ -486,17 +507,21 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   const bool rank_ok = t.rank == s.rank;
   if (!rank_ok) {
     if (s.kind == kPool) {
+      // state.rank
       fail(RuleId::state_rank,
            fmt::format("recurrent_kda needs a [N, HV, V, K] state pool; got shape {} for {}",
                        shape_text(t), name));
     } else if (s.kind == kScratch) {
+      // verify.scratch_layout
       fail(RuleId::verify_scratch_layout,
            fmt::format("scratch must be a 5-D [S_spec, T_alloc, HV, V, K] pool; got shape {}",
                        shape_text(t)));
-    } else if (s.arg == Arg::scratch_indices) {
+    } else if (s.form_rule) {
+      // verify.scratch_indices
       fail(RuleId::verify_scratch_indices,
            fmt::format("scratch_indices must be a 2-D [N, T] i32 tensor; got rank {}", t.rank));
     } else {
+      // arg.rank
       fail(RuleId::arg_rank, fmt::format("{} must have {} dimensions; got {} (shape {})", name,
                                          s.rank, t.rank, shape_text(t)));
     }
@@ -508,6 +533,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   const DimScan scan = scan_dims(t);
   if (scan.negative_size_dim >= 0) {
     const int d = scan.negative_size_dim;
+    // arg.shape
     fail(RuleId::arg_shape, fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
     ctx.sound[static_cast<std::size_t>(s.arg)] = false;
     return;
@@ -521,37 +547,41 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
       const i64 got = t.shape[d];
       if (got == *want || (d == 0 && s.leading_at_least && got > *want)) continue;
       if (d == 0 && s.leading_at_least && got < *want) {
-        const bool gate_or_beta =
-            s.arg == Arg::a || s.arg == Arg::g || s.arg == Arg::b || s.arg == Arg::beta;
-        if (gate_or_beta) {
+        if (s.short_leading == RuleId::gate_cover_tokens) {
+          // gate.cover_tokens
           fail(RuleId::gate_cover_tokens,
                fmt::format("g and beta must cover every q token: {} has {} rows, q has {}", name,
                            got, *want));
         } else {
+          // index.length
           fail(RuleId::index_length,
                fmt::format("{} has {} entries; the call has {} = {} rows", name, got,
                            dim_name(s.dims[d], ctx.entry), *want));
         }
         continue;
       }
-      if (s.arg == Arg::scratch_indices) {
+      if (s.form_rule) {
+        // verify.scratch_indices
         fail(RuleId::verify_scratch_indices,
              fmt::format("scratch_indices must be [N, T] = [{}, {}]; got shape {}",
                          ctx.dims.N.value_or(-1), ctx.dims.T.value_or(-1), shape_text(t)));
         continue;
       }
+      // arg.shape
       fail(RuleId::arg_shape, fmt::format("{} dim {} must be {} = {}; got {} (shape {})", name, d,
                                           dim_name(s.dims[d], ctx.entry), *want, got,
                                           shape_text(t)));
     }
   }
-  if (s.arg == Arg::scratch_indices && t.dtype != DType::i32)
+  if (s.form_rule && t.dtype != DType::i32)
+    // verify.scratch_indices
     fail(RuleId::verify_scratch_indices,
          fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
 
   // Strides: never negative.
   if (scan.negative_stride_dim >= 0) {
     const int d = scan.negative_stride_dim;
+    // arg.stride
     fail(RuleId::arg_stride, fmt::format("{} has a negative stride {} in dim {}; strides {}", name,
                                          t.stride[d], d, stride_text(t)));
     ctx.sound[static_cast<std::size_t>(s.arg)] = false;
@@ -564,6 +594,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   i64 last = 0, end_bytes = 0;
   const bool empty = scan.empty;
   if (t.storage_offset.count < 0) {
+    // arg.extent
     fail(RuleId::arg_extent, fmt::format("{} starts before its allocation: storage_offset {}",
                                          name, t.storage_offset.count));
   } else if (!span || __builtin_add_overflow(*span, t.storage_offset.count, &last) ||
@@ -571,10 +602,12 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
              __builtin_mul_overflow(end_bytes, esize, &end_bytes) ||
              t.address > std::numeric_limits<std::uint64_t>::max() -
                              static_cast<std::uint64_t>(end_bytes)) {
+    // arg.extent
     fail(RuleId::arg_extent,
          fmt::format("{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}",
                      name, shape_text(t), stride_text(t), t.storage_offset.count));
   } else if (t.storage_size && !empty && last >= t.storage_size->count) {
+    // arg.extent
     fail(RuleId::arg_extent,
          fmt::format("{} reaches element {} of its allocation, which holds {} elements "
                      "(shape {}, strides {}, storage_offset {})",
@@ -590,18 +623,21 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
   // Layout rules by kind.
   if (s.kind == kVector || s.kind == kScalars) {
     if (t.rank >= 1 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+      // arg.last_dim_contiguous
       fail(RuleId::arg_last_dim_contiguous,
            fmt::format("`{}` must be contiguous in the last dim.: its last stride is {} "
                        "(strides {})",
                        name, t.stride[t.rank - 1], stride_text(t)));
     if (s.kind == kVector && extent_ok) {
       if (data % 16 != 0)
+        // arg.alignment
         fail(RuleId::arg_alignment,
              fmt::format("{} data address {:#x} is not 16-byte aligned (address {:#x} + "
                          "storage_offset {} x {} bytes)",
                          name, data, t.address, t.storage_offset.count, esize));
       for (int d = 0; d + 1 < t.rank; ++d) {
         if (t.shape[d] > 1 && saturating_mul(t.stride[d], esize) % 16 != 0) {
+          // arg.alignment
           fail(RuleId::arg_alignment,
                fmt::format("{} stride {} of dim {} is {} bytes, not a multiple of 16", name,
                            t.stride[d], d, saturating_mul(t.stride[d], esize)));
@@ -609,10 +645,12 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
         }
       }
     } else if (data % static_cast<std::uint64_t>(esize) != 0) {
+      // arg.alignment
       fail(RuleId::arg_alignment, fmt::format("{} data address {:#x} is not {}-byte aligned",
                                               name, data, esize));
     }
     if (s.output && extent_ok && !maps_elements_one_to_one(t))
+      // arg.stride
       fail(RuleId::arg_stride,
            fmt::format("output {} maps two elements to one address: shape {}, strides {}", name,
                        shape_text(t), stride_text(t)));
@@ -625,6 +663,7 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
     // For pools this rule replaces arg.last_dim_contiguous; the upstream text of that one is
     // kept in the message so both upstream errors lead here.
     if (t.stride[o + 1] != VK || t.stride[o + 2] != K || t.stride[o + 3] != 1)
+      // state.inner_strides
       fail(RuleId::state_inner_strides,
            fmt::format("recurrent_kda state inner strides must be compact (V*K, K, 1)=({}, {}, "
                        "1); got ({}, {}, {}) (only the slot stride may be non-compact) for {}{}",
@@ -633,17 +672,20 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
                            ? fmt::format("; `{}` must be contiguous in the last dim.", name)
                            : std::string()));
     if (slot % 16 != 0)
+      // state.slot_stride_align
       fail(RuleId::state_slot_stride_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} slot "
                        "stride {} elements must be a multiple of 16",
                        name, slot));
     const i64 base_bytes = saturating_mul(t.storage_offset.count, esize);
     if (base_bytes % 32 != 0 || data % 32 != 0)
+      // state.base_align
       fail(RuleId::state_base_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} base "
                        "byte offset {} (data address {:#x}) must be a multiple of 32",
                        name, base_bytes, data));
     if (slot < slot_size)
+      // state.slot_stride_min
       fail(RuleId::state_slot_stride_min,
            fmt::format("{} slot stride {} is smaller than a slot, HV*V*K = {}: slots would "
                        "overlap",
@@ -652,12 +694,14 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
       const i64 rows = t.shape[0], steps = t.shape[1];
       const i64 row_stride = saturating_mul(steps, t.stride[1]);
       if (rows > 1 && t.stride[0] != row_stride)
+        // verify.scratch_layout
         fail(RuleId::verify_scratch_layout,
              fmt::format("scratch rows must flatten into steps: stride[0] must be T_alloc * "
                          "stride[1] = {}; got {}",
                          row_stride, t.stride[0]));
       const TensorView* state = ctx.view(Arg::state);
       if (state && state->dtype != t.dtype)
+        // verify.scratch_layout
         fail(RuleId::verify_scratch_layout,
              fmt::format("scratch has dtype {}; it must be the state's dtype {}",
                          dtype_name(t.dtype), dtype_name(state->dtype)));
@@ -673,15 +717,18 @@ void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
 void check_presence(const Context& ctx, Report& r) {
   auto need = [&](Arg a) {
     if (!ctx.has(a))
+      // arg.missing
       r.add(RuleId::arg_missing, arg_name(a),
             fmt::format("{} {} is required and absent", entry_name(ctx.entry), arg_name(a)));
   };
   auto one_of = [&](Arg x, Arg y) {
     if (!ctx.has(x) && !ctx.has(y))
+      // arg.missing
       r.add(RuleId::arg_missing, arg_name(x),
             fmt::format("{} needs {} or {}; both are absent", entry_name(ctx.entry), arg_name(x),
                         arg_name(y)));
     if (ctx.has(x) && ctx.has(y))
+      // arg.exclusive
       r.add(RuleId::arg_exclusive, arg_name(y),
             fmt::format("give {} or {}, not both", arg_name(x), arg_name(y)));
   };
@@ -692,6 +739,7 @@ void check_presence(const Context& ctx, Report& r) {
     case Entry::prefill:
       for (Arg a : {Arg::q, Arg::k, Arg::v, Arg::cu_seqlens, Arg::out}) need(a);
       if (!ctx.has(Arg::initial_state) || !ctx.has(Arg::initial_state_indices))
+        // prefill.indexed_pool
         r.add(RuleId::prefill_indexed_pool,
               ctx.has(Arg::initial_state) ? "initial_state_indices" : "initial_state",
               fmt::format("KDA prefill requires an indexed initial-state pool: initial_state "
@@ -727,6 +775,7 @@ void check_presence(const Context& ctx, Report& r) {
   }
   if ((ctx.entry == Entry::verify || ctx.entry == Entry::commit) &&
       !ctx.has(Arg::scratch_indices) && !ctx.has(Arg::scratch_row_map))
+    // arg.missing
     r.add(RuleId::arg_missing, "scratch_row_map",
           "scratch_row_map is required when scratch_indices is absent");
 }
@@ -736,49 +785,60 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
   const Scalars& s = *ctx.scalars;
   if (has_token_inputs(ctx.entry)) {
     if (d.H && d.HV && (*d.H <= 0 || *d.HV <= 0 || *d.HV % *d.H != 0))
+      // dims.heads
       r.add(RuleId::dims_heads, "v",
             fmt::format("HV must be a positive multiple of H; got HV = {} (v), H = {} (q)", *d.HV,
                         *d.H));
     auto head_dim = [&](std::optional<i64> size, std::string_view which, Arg where) {
       if (size && !supported::head_dim(*size))
+        // dims.head_dim
         r.add(RuleId::dims_head_dim, arg_name(where),
               fmt::format("{} must be 64 or 128; got {} ({})", which, *size, arg_name(where)));
     };
     head_dim(d.K, "K", Arg::q);
     head_dim(d.V, "V", Arg::v);
     if (s.scale && !(std::isfinite(*s.scale) && *s.scale > 0))
+      // scalar.scale
       r.add(RuleId::scalar_scale, "scale",
             fmt::format("scale must be finite and > 0; got {}", *s.scale));
     if (s.lower_bound && !(std::isfinite(*s.lower_bound) && *s.lower_bound < 0))
+      // scalar.lower_bound
       r.add(RuleId::scalar_lower_bound, "lower_bound",
             fmt::format("lower_bound must be finite and < 0; got {}", *s.lower_bound));
     if (ctx.has(Arg::a) && !ctx.has(Arg::A_log))
+      // gate.params
       r.add(RuleId::gate_params, "A_log",
             "a raw gate a needs A_log to be activated in the kernel; A_log is absent");
     if (ctx.has(Arg::g) && !ctx.has(Arg::a) && s.lower_bound)
+      // gate.params
       r.add(RuleId::gate_params, "lower_bound",
             fmt::format("lower_bound {} applies to a raw gate a; g is already activated",
                         *s.lower_bound));
   }
   if (speculative(ctx.entry)) {
     if (!d.T || *d.T < 1)
+      // verify.draft_tokens
       r.add(RuleId::verify_draft_tokens, "draft_token_num",
             d.T ? fmt::format("draft_token_num must be >= 1; got {}", *d.T)
                 : std::string("draft_token_num is required"));
     if (d.T && d.scratch_steps && *d.T > *d.scratch_steps)
+      // verify.scratch_steps
       r.add(RuleId::verify_scratch_steps, "scratch",
             fmt::format("KDA verify needs {} scratch steps, but intermediate_ssm only has {}.",
                         *d.T, *d.scratch_steps));
     if (d.N && d.scratch_rows && *d.scratch_rows < *d.N)
+      // verify.scratch_rows
       r.add(RuleId::verify_scratch_rows, "scratch",
             fmt::format("scratch has {} rows (S_spec); the call has N = {} rows",
                         *d.scratch_rows, *d.N));
     if (d.T && d.record_steps && *d.T > *d.record_steps)
+      // records.steps
       r.add(RuleId::records_steps, "records",
             fmt::format("records holds {} steps (T_alloc); the call has T = {} draft tokens",
                         *d.record_steps, *d.T));
     auto record_rows = [&](std::optional<i64> rows, Arg buffer) {
       if (d.N && rows && *rows < *d.N)
+        // records.rows
         r.add(RuleId::records_rows, arg_name(buffer),
               fmt::format("{} has {} rows (S_rec); the call has N = {} rows", arg_name(buffer),
                           *rows, *d.N));
@@ -789,6 +849,7 @@ void check_dims_and_scalars(const Context& ctx, Report& r) {
   // A pool with no slots while some row needs one.
   const Arg pool = ctx.entry == Entry::prefill ? Arg::initial_state : Arg::state;
   if (d.slots && *d.slots == 0 && d.N && *d.N > 0)
+    // state.empty
     r.add(RuleId::state_empty, arg_name(pool),
           fmt::format("{} has 0 slots; the call has {} rows that need one", arg_name(pool),
                       *d.N));
@@ -825,6 +886,7 @@ void check_aliasing(const Context& ctx, Report& r) {
       // Two outputs overlapping are reported once, on the first of the pair.
       if (other.output && static_cast<int>(other.arg) < static_cast<int>(out.arg)) continue;
       if (mine->begin < theirs->end && theirs->begin < mine->end)
+        // alias.overlap
         r.add(RuleId::alias_overlap, arg_name(out.arg),
               fmt::format("output {} bytes [{:#x}, {:#x}) overlap {} bytes [{:#x}, {:#x})",
                           arg_name(out.arg), mine->begin, mine->end, arg_name(other.arg),
@@ -868,6 +930,7 @@ void check_value_input(const Context& ctx, Arg a, Report& r) {
       if (rule.tier == Tier::value && rule.applies_to(ctx.entry) && rule.reads(a))
         r.defer(rule.rule, arg_name(a));
   } else if (!values_match_view(*t)) {
+    // arg.shape
     r.add(RuleId::arg_shape, arg_name(a),
           fmt::format("{} carries {} host values; the view has {} elements", arg_name(a),
                       t->values->size(), t->numel()));
@@ -892,6 +955,7 @@ void check_unique(const HostIndex& entries, i64 count, std::string_view name, i6
     if (active[j].first == active[j - 1].first) repeats.push_back(active[j].second);
   std::sort(repeats.begin(), repeats.end());  // reported in entry order
   for (const i64 i : repeats)
+    // index.unique
     r.add(RuleId::index_unique, name,
           fmt::format("{}[{}] = {} names a slot an earlier row already uses", name, i, entries[i]));
 }
@@ -929,6 +993,7 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
     for (i64 t = 0; t < c.draft_tokens; ++t) {  // index.range
       const i64 entry = c.scratch_indices.at(n, t);
       if (row_rules::slot_faults(entry, c.scratch_slots, true) != 0)
+        // index.range
         r.add(RuleId::index_range, "scratch_indices",
               fmt::format("scratch_indices[{}, {}] = {} is outside [-1, {})", n, t, entry,
                           c.scratch_slots));
@@ -940,6 +1005,7 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
   if (once(RuleId::seqlens_monotone)) {  // seqlens.monotone: some offset decreases
     for (i64 i = 0; i < c.rows; ++i) {
       if (c.cu[i + 1] < c.cu[i]) {
+        // seqlens.monotone
         r.add(RuleId::seqlens_monotone, "cu_seqlens",
               fmt::format("cu_seqlens decreases: cu_seqlens[{}] = {} > cu_seqlens[{}] = {}", i,
                           c.cu[i], i + 1, c.cu[i + 1]));
@@ -953,6 +1019,7 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
                       c.total_tokens.value_or(-1), c.cu[c.rows]));
   if (once(RuleId::decode_one_token)) {  // decode.one_token
     const i64 i = n < 0 || c.cu[n] != n ? std::max<i64>(n, 0) : n + 1;
+    // decode.one_token
     r.add(RuleId::decode_one_token, "cu_seqlens",
           fmt::format("decode takes one token per request: cu_seqlens must be 0, 1, ..., B; "
                       "cu_seqlens[{}] = {}",
@@ -975,12 +1042,15 @@ void report_row(const RowContext& c, i64 n, Mask faults, Mask& reported, Report&
     if (c.cu.known())
       if (const auto s = row_rules::row_span(c.cu, c.rows, n, -1); s.judged) length = s.end - s.begin;
     if (a < 0 || a > c.draft_tokens)
+      // commit.accepted
       r.add(RuleId::commit_accepted, "accepted",
             fmt::format("accepted[{}] = {} is outside [0, T = {}]", n, a, c.draft_tokens));
     else if (length >= 0 && a > length)
+      // commit.accepted
       r.add(RuleId::commit_accepted, "accepted",
             fmt::format("accepted[{}] = {} is past row {}'s length {}", n, a, n, length));
     else
+      // commit.accepted
       r.add(RuleId::commit_accepted, "accepted",
             fmt::format("accepted[{}] = {} needs step {} of row {}, but scratch_indices[{}, {}] "
                         "is -1 (that step was not written)",
