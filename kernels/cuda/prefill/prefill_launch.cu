@@ -87,32 +87,39 @@ cudaError_t prefill_workspace_pool(cudaMemPool_t* pool) {
   return cudaSuccess;
 }
 
-// The model, in units of one chunk step of a chain block that has its SM to itself (~0.7 us per
-// step on the H200). A second block on an SM costs nearly a full step more: counting the 3
-// resident blocks per SM as free made T = 8192, H = 64, B = 1 split and run 1.15 ms against
-// 0.85 ms unsplit (H200, 2026-12-03), so `resident` is one block per SM:
-//   a phase of `blocks` blocks walking `steps` chunks takes steps * max(1, blocks / resident);
+// The model, in units of one chunk step of a chain block that has its SM to itself (~0.71 us per
+// step on the H200). Blocks run in waves of `resident` (one per SM: counting the 3 resident
+// blocks per SM as free made T = 8192, H = 64, B = 1 split and run 1.15 ms against 0.85 ms
+// unsplit, H200, 2026-12-03), and each wave after the first costs kExtraWave of a step, since the
+// co-resident blocks overlap partly:
+//   a phase of `blocks` blocks walking `steps` chunks takes steps * (1 + kExtraWave * (waves - 1));
 //   whole:       C steps (C: mean chunks per sequence), N HV value_slices blocks;
 //   split in S spans of L chunks: transition L steps over N HV transition_slices (S - 1) blocks,
-//   combine kCombineSteps per span (S spans one after another), span kernel L steps over
-//   N HV value_slices S blocks, and two more launches.
+//   combine kCombineSteps per span (S spans one after another) over N HV value_slices blocks,
+//   span kernel L steps over N HV value_slices S blocks.
+// kExtraWave and kCombineSteps are a least-squares fit (relative error, rms 6%) of the 126 times
+// of bench_prefill's BM_PrefillSpan sweep on the H200 (2026-12-04, bench/NOTES_prefill.md) with
+// one free offset per shape for the prepare phase; the fitted cost of the two extra launches
+// came out at zero, so the model has none.
 std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
-  constexpr double kCombineSteps = 1.5;  // one span of the combine: 128 mma per warp, no chain
-  constexpr double kLaunchSteps = 3.0;   // a launch and its ramp, in chunk steps
+  constexpr double kExtraWave = 0.75;
+  constexpr double kCombineSteps = 4.0;  // one span of the combine: 128 mma per warp and its loads
   constexpr std::int64_t kMaxSpans = 1024;
   if (c.num_seqs <= 0 || c.HV <= 0 || c.resident_blocks <= 0) return 0;
   const std::int64_t chunks = (c.total_tokens / 16 + c.num_seqs - 1) / c.num_seqs;  // mean, rounded up
   if (chunks < 4) return 0;
-  const double resident = static_cast<double>(c.resident_blocks);
-  const double heads = static_cast<double>(c.num_seqs) * c.HV;
-  const auto phase = [&](double steps, double blocks) { return steps * std::max(1.0, blocks / resident); };
+  const std::int64_t heads = static_cast<std::int64_t>(c.num_seqs) * c.HV;
+  const auto phase = [&](double steps, std::int64_t blocks) {
+    const std::int64_t waves = (blocks + c.resident_blocks - 1) / c.resident_blocks;
+    return steps * (1.0 + kExtraWave * static_cast<double>(std::max<std::int64_t>(waves, 1) - 1));
+  };
   double best = phase(static_cast<double>(chunks), heads * c.value_slices);
   std::int32_t best_span = 0;
   for (std::int64_t spans = 2; spans <= std::min(chunks, kMaxSpans); ++spans) {
     const std::int64_t span = (chunks + spans - 1) / spans;
     const double cost = phase(static_cast<double>(span), heads * c.transition_slices * (spans - 1)) +
-                        kCombineSteps * static_cast<double>(spans) +
-                        phase(static_cast<double>(span), heads * c.value_slices * spans) + 2 * kLaunchSteps;
+                        phase(kCombineSteps * static_cast<double>(spans), heads * c.value_slices) +
+                        phase(static_cast<double>(span), heads * c.value_slices * spans);
     if (cost < best) {
       best = cost;
       best_span = static_cast<std::int32_t>(span);
