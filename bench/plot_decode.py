@@ -7,7 +7,8 @@ ours and the peer's compare although they ran in different processes.
 
   plot_decode.py bench_decode.json [bench_spec.json] [--peer peer.json] --out decode.png
 
-Panels: decode; verify and commit (with the peer's verify, the only speculative call it has);
+Panels: decode; verify and commit (with the peer's verify, the only speculative call it has, also
+drawn in grey beside the steps of its T as the least a step costs with it);
 and, from bench_spec, whole speculative steps per state dtype: verify + commit, record_verify +
 replay_commit and accept_verify, one colour per path and one marker per T. A step's percent of copy
 counts the bytes its own path moves (bench_spec.cu), so the three paths' lines show how close each
@@ -107,7 +108,7 @@ def main():
               ("speculative step, bf16 state",
                [s for s in sorted(mine) if step(s) and "bf16_state:1" in s])]
     panels = [(title, series) for title, series in panels if series]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 7.5), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, names) in zip(axes[0], panels):
         for i, series in enumerate(names):
@@ -124,13 +125,25 @@ def main():
                 px = sorted(theirs[series])
                 ax.plot(px, [theirs[series][x] for x in px], "x--", color=colour,
                         label=label(series) + " (fla)")
+        # The peer has no commit and no record path: beside the steps, its verify alone (the
+        # step's lower bound for fla), once per T of the panel.
+        steps_shown = {s.split("/", 1)[1] for s in names if s.split("/")[0] in STEP_PATHS}
+        for params in sorted(steps_shown):
+            series = "BM_Verify/" + params
+            if series in theirs:
+                px = sorted(theirs[series])
+                T = re.search(r"T:(\d+)", params)
+                ax.plot(px, [theirs[series][x] for x in px],
+                        STEP_MARKERS.get(T[1] if T else "", "x") + ":", color="grey",
+                        label=label(series) + " (fla, verify alone)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch B (rows)")
         ax.set_ylabel("% of the same run's copy bandwidth")
         ax.set_ylim(0, 100)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"{title}: state traffic as % of copy")
-        ax.legend(fontsize=7, ncol=2, loc="lower right")
+        # Below the axes: the step panels have a dozen lines over the whole range.
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"plot_decode: {len(mine)} series ({len(theirs)} of the peer) -> {args.out}")
