@@ -10,6 +10,10 @@
       git history.
   compare_baselines.py NEW.json --peer PEER.json
       Our time next to the peer's (bench/peer_fla.py) on the same shapes: speedup = peer / ours.
+  compare_baselines.py NEW.json --steps
+      bench_spec's speculative steps: per (B, T, state dtype) the time of verify + commit, of
+      record_verify + replay_commit and of accept_verify in that run, and the two record paths'
+      times over the first (issue 14 asks for <= 0.45x and <= 0.33x at B = 64, T = 4, f32 state).
 
 Uses the median aggregate of each benchmark when repetitions were run, else its single entry.
 """
@@ -80,6 +84,30 @@ def compare_peer(new, peer):
               f"{p['pct_copy']:.1f} | {p['us'] / o['us']:.2f}x |")
 
 
+STEP = re.compile(r"^BM_SpecStep(State|Records|Fused)/B:(\d+)/T:(\d+)/bf16_state:(\d)")
+
+
+def compare_steps(new):
+    """One line per step shape of bench_spec, the three paths from the same run."""
+    steps = {}
+    for name, entry in new.items():
+        m = STEP.match(name)
+        if m:
+            steps.setdefault((int(m[2]), int(m[3]), int(m[4])), {})[m[1]] = entry
+    if not steps:
+        print("no BM_SpecStep benchmarks in this file")
+        return
+    print("| B | T | state | verify+commit us (% copy) | records us (% copy) | fused us (% copy) "
+          "| records / verify+commit | fused / verify+commit |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (B, T, bf16), paths in sorted(steps.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        base = paths.get("State")
+        cell = lambda e: f"{e['us']:.1f} ({e['pct_copy']:.1f})" if e else ""
+        ratio = lambda e: f"{e['us'] / base['us']:.3f}x" if e and base else ""
+        print(f"| {B} | {T} | {'bf16' if bf16 else 'f32'} | {cell(base)} | {cell(paths.get('Records'))} "
+              f"| {cell(paths.get('Fused'))} | {ratio(paths.get('Records'))} | {ratio(paths.get('Fused'))} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("new")
@@ -87,6 +115,8 @@ def main():
     parser.add_argument("--no-baseline", action="store_true", help="compare with the peer only")
     parser.add_argument("--peer")
     parser.add_argument("--threshold", type=float, default=0.10)
+    parser.add_argument("--steps", action="store_true",
+                        help="bench_spec's step paths side by side, with their time ratios")
     args = parser.parse_args()
     context, new = load_benchmarks(args.new)
     status = 0
@@ -101,6 +131,9 @@ def main():
         regressions = compare_baseline(new, old, args.threshold)
         print(f"\n{regressions} regression(s) past {args.threshold:.0%}")
         status = 1 if regressions else 0
+    if args.steps:
+        print()
+        compare_steps(new)
     if args.peer:
         with open(args.peer) as f:
             peer = json.load(f)

@@ -106,18 +106,20 @@ def run_case(rows, T, state_dtype, copy_tbps, verify):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--only", choices=("decode", "verify"),
+                        help="time one family (the verify shapes are bench_spec's step shapes)")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_tbps = copy_ceiling()
     print(f"peer: copy ceiling {copy_tbps:.3f} TB/s", flush=True)
     results = []
     for state_dtype, tag in ((torch.float32, 0), (torch.bfloat16, 1)):
-        for B in (1, 8, 64, 128, 256, 512):
+        for B in (1, 8, 64, 128, 256, 512) if args.only != "verify" else ():
             s, tbps = run_case(B, 1, state_dtype, copy_tbps, verify=False)
             results.append({"name": f"BM_Decode/B:{B}/bf16_state:{tag}", "us": s * 1e6,
                             "TBps": tbps, "pct_copy": 100 * tbps / copy_tbps})
             print(f"peer {results[-1]}", flush=True)
-        for B in (64, 256):
+        for B in (64, 256) if args.only != "decode" else ():
             for T in (2, 4, 8):
                 s, tbps = run_case(B, T, state_dtype, copy_tbps, verify=True)
                 results.append({"name": f"BM_Verify/B:{B}/T:{T}/bf16_state:{tag}", "us": s * 1e6,

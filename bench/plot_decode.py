@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Plots the decode-side kernels' share of the copy bandwidth against the batch B: one line per
-benchmark family and configuration of bench_decode's Google Benchmark JSON (median aggregates
-where repetitions ran), and dashed beside them the peer's (bench/peer_fla.py's JSON, optional) on
-the same names. Each run's percent of copy is against its own copy ceiling, so ours and the peer's
-compare although they ran in different processes.
+benchmark family and configuration of bench_decode's and bench_spec's Google Benchmark JSON
+(median aggregates where repetitions ran), and dashed beside them the peer's (bench/peer_fla.py's
+JSON, optional) on the same names. Each run's percent of copy is against its own copy ceiling, so
+ours and the peer's compare although they ran in different processes.
 
-  plot_decode.py bench_decode.json [--peer peer.json] --out decode.png
+  plot_decode.py bench_decode.json [bench_spec.json] [--peer peer.json] --out decode.png
+
+Panels: decode; verify and commit (with the peer's verify, the only speculative call it has, also
+drawn in grey beside the steps of its T as the least a step costs with it);
+and, from bench_spec, whole speculative steps per state dtype: verify + commit, record_verify +
+replay_commit and accept_verify, one colour per path and one marker per T. A step's percent of copy
+counts the bytes its own path moves (bench_spec.cu), so the three paths' lines show how close each
+runs to the bandwidth, and their times relate as their bytes over those percents.
 
 A chunks_per_block other than 0 (the chooser's own pick) is a tuning sweep and is left out.
 """
@@ -62,9 +69,14 @@ def peer(path):
     return points
 
 
+STEP_PATHS = {"BM_SpecStepState": "verify+commit", "BM_SpecStepRecords": "record_verify+replay_commit",
+              "BM_SpecStepFused": "accept_verify"}
+STEP_MARKERS = {"2": "o", "4": "s", "8": "^"}
+
+
 def label(series):
     family, *params = series.split("/")
-    text = family.removeprefix("BM_")
+    text = STEP_PATHS.get(family, family.removeprefix("BM_"))
     for p in params:
         k, _, v = p.partition(":")
         text += {"bf16_state": " bf16 state" if v == "1" else " f32 state"}.get(k, f" {k}={v}")
@@ -73,38 +85,65 @@ def label(series):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", help="bench_decode's --benchmark_out JSON")
+    parser.add_argument("bench", nargs="+",
+                        help="bench_decode's (and bench_spec's) --benchmark_out JSON")
     parser.add_argument("--peer", help="bench/peer_fla.py's --out JSON")
     parser.add_argument("--out", required=True, help="the PNG to write")
     args = parser.parse_args()
 
-    mine = ours(args.bench)
+    mine = {}
+    for path in args.bench:
+        mine.update(ours(path))
     if not mine:
-        sys.exit(f"plot_decode: no benchmark with a batch and pct_copy in {args.bench}")
+        sys.exit(f"plot_decode: no benchmark with a batch and pct_copy in {', '.join(args.bench)}")
     theirs = peer(args.peer) if args.peer else {}
 
-    # Single-token decode on the left; the speculative path (verify, commit, records) on the right.
+    # Single-token decode; verify and commit; the whole speculative step of each path.
+    step = lambda s: s.split("/")[0] in STEP_PATHS
     panels = [("decode", [s for s in sorted(mine) if s.startswith("BM_Decode")]),
-              ("speculative steps", [s for s in sorted(mine) if not s.startswith("BM_Decode")])]
+              ("verify, commit", [s for s in sorted(mine)
+                                  if not s.startswith("BM_Decode") and not step(s)]),
+              ("speculative step, f32 state",
+               [s for s in sorted(mine) if step(s) and "bf16_state:0" in s]),
+              ("speculative step, bf16 state",
+               [s for s in sorted(mine) if step(s) and "bf16_state:1" in s])]
     panels = [(title, series) for title, series in panels if series]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 7.5), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, names) in zip(axes[0], panels):
         for i, series in enumerate(names):
             colour = colours[i % len(colours)]
+            style = "o-"
+            family = series.split("/")[0]
+            if family in STEP_PATHS:
+                colour = colours[list(STEP_PATHS).index(family)]
+                T = re.search(r"/T:(\d+)", series)
+                style = STEP_MARKERS.get(T[1] if T else "", "o") + "-"
             xs = sorted(mine[series])
-            ax.plot(xs, [mine[series][x] for x in xs], "o-", color=colour, label=label(series))
+            ax.plot(xs, [mine[series][x] for x in xs], style, color=colour, label=label(series))
             if series in theirs:
                 px = sorted(theirs[series])
                 ax.plot(px, [theirs[series][x] for x in px], "x--", color=colour,
                         label=label(series) + " (fla)")
+        # The peer has no commit and no record path: beside the steps, its verify alone (the
+        # step's lower bound for fla), once per T of the panel.
+        steps_shown = {s.split("/", 1)[1] for s in names if s.split("/")[0] in STEP_PATHS}
+        for params in sorted(steps_shown):
+            series = "BM_Verify/" + params
+            if series in theirs:
+                px = sorted(theirs[series])
+                T = re.search(r"T:(\d+)", params)
+                ax.plot(px, [theirs[series][x] for x in px],
+                        STEP_MARKERS.get(T[1] if T else "", "x") + ":", color="grey",
+                        label=label(series) + " (fla, verify alone)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch B (rows)")
         ax.set_ylabel("% of the same run's copy bandwidth")
         ax.set_ylim(0, 100)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"{title}: state traffic as % of copy")
-        ax.legend(fontsize=7, ncol=2, loc="lower right")
+        # Below the axes: the step panels have a dozen lines over the whole range.
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"plot_decode: {len(mine)} series ({len(theirs)} of the peer) -> {args.out}")

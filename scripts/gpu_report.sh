@@ -10,8 +10,8 @@
 #   FUZZ_GPU_BUILD    build tree of the fuzz-gpu preset (default build-fuzz-gpu); its fuzz_gpu runs
 #                     FUZZ_GPU_SECONDS (default 120) per mode, else build's replayer runs the corpus
 #   PREFILL_CASES     random calls per prefill conformance property (default 400)
-#   T_CONF, T_SAN, T_BENCH, T_PEER, T_DRIFT, T_PREFILL_CONF, T_PREFILL_BENCH  per-step time limits
-#                     in seconds (300, 120 each, 300, 420, 600, 300, 240)
+#   T_CONF, T_SAN, T_BENCH, T_SPEC_BENCH, T_PEER, T_DRIFT, T_PREFILL_CONF, T_PREFILL_BENCH  per-step
+#                     time limits in seconds (300, 120 each, 300, 240, 420, 600, 300, 240)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir=${1:?usage: scripts/gpu_report.sh REPORT_DIR}
@@ -22,6 +22,7 @@ mkdir -p "$report_dir"
 summary="$report_dir/gpu.md"
 tests="$build/kernels/cuda/tests"
 bench="$build/bench/bench_decode"
+spec_bench="$build/bench/bench_spec"
 status=0
 
 {
@@ -112,6 +113,21 @@ if [ -f bench/baselines/bench_decode.json ]; then
     python3 bench/compare_baselines.py "$report_dir/bench_decode.json"; } >>"$summary" || true
 fi
 
+echo "== speculative-step benchmarks (bench_spec: verify + commit, records, fused)"
+timeout "${T_SPEC_BENCH:-240}" "$spec_bench" --benchmark_repetitions=5 --benchmark_min_time=0.05 \
+  --benchmark_display_aggregates_only=true --benchmark_out="$report_dir/bench_spec.json" \
+  --benchmark_out_format=json >"$report_dir/bench_spec.log" 2>&1 || status=1
+{
+  echo
+  echo "### Speculative steps (median of 5; $(grep -m1 'copy ceiling' "$report_dir/bench_spec.log"))"
+  echo
+  python3 bench/compare_baselines.py "$report_dir/bench_spec.json" --no-baseline --steps
+} >>"$summary" || true
+if [ -f bench/baselines/bench_spec.json ] && [ -s "$report_dir/bench_spec.json" ]; then
+  { echo; echo "### Against bench/baselines/bench_spec.json"; echo;
+    python3 bench/compare_baselines.py "$report_dir/bench_spec.json"; } >>"$summary" || true
+fi
+
 if [ "${PEER:-0}" = 1 ]; then
   echo "== peer (flash-linear-attention fused_recurrent_kda)"
   if timeout "${T_PEER:-420}" python3 bench/peer_fla.py --out "$report_dir/peer.json" >"$report_dir/peer.log" 2>&1; then
@@ -125,8 +141,10 @@ fi
 
 peer_json=()
 [ -s "$report_dir/peer.json" ] && peer_json=(--peer "$report_dir/peer.json")
+spec_json=()
+[ -s "$report_dir/bench_spec.json" ] && spec_json=("$report_dir/bench_spec.json")
 if [ -s "$report_dir/bench_decode.json" ] && python3 bench/plot_decode.py "$report_dir/bench_decode.json" \
-     "${peer_json[@]}" --out "$report_dir/decode.png" >>"$report_dir/bench.log" 2>&1; then
+     "${spec_json[@]}" "${peer_json[@]}" --out "$report_dir/decode.png" >>"$report_dir/bench.log" 2>&1; then
   echo "Plot: decode.png" >>"$summary"
 fi
 

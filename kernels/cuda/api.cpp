@@ -472,11 +472,6 @@ Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DTyp
         "no kernels for {} with K = {}, V = {}, q/k/v {}, state {}", entry_name(entry), K, V,
         dtype_name(io_dtype), dtype_name(state_dtype)));
   if (prepared(entry, K, V, io_dtype, state_dtype, device)) return Status::success();
-  if (entry == Entry::record_verify || entry == Entry::replay_commit ||
-      entry == Entry::accept_verify)
-    return Status::unsupported_because(fmt::format(
-        "prepare has no warm-up call for {}; make one uncaptured call before capturing",
-        entry_name(entry)));
   const CurrentDevice current(device.index);
   if (current.error() != cudaSuccess) return cuda_failure("cudaSetDevice", current.error());
 
@@ -486,7 +481,10 @@ Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DTyp
   guard.row_flags = static_cast<std::int32_t*>(b.allocate(sizeof(std::int32_t)));
   guard.row_flags_capacity = 1;
   const std::vector<std::int64_t> pool_shape{1, 1, V, K};
-  AnyCall call = make_call(entry);
+  // One step of one head's record (g | k | u, all zero: a decay of exp(0) and a zero update, so
+  // the replay leaves the zero state as it is).
+  const std::vector<std::int64_t> record_shape{1, 1, 1, 2 * std::int64_t{K} + V};
+  CatalogueCall call = make_catalogue_call(entry);
   std::visit(
       [&](auto& c) {
         using C = std::decay_t<decltype(c)>;
@@ -508,13 +506,31 @@ Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DTyp
           c.scratch = b.tensor(state_dtype, {1, 1, 1, V, K});
           c.scratch_row_map = b.tensor(DType::i32, {1}, {0});
           c.scalars.draft_token_num = 1;
-        } else {
+        } else if constexpr (std::is_same_v<C, CommitCall>) {
           c.scratch = b.tensor(state_dtype, {1, 1, 1, V, K});
           c.scratch_row_map = b.tensor(DType::i32, {1}, {0});
           c.state = b.tensor(state_dtype, pool_shape);
           c.cache_indices = b.tensor(DType::i32, {1}, {0});
           c.accepted = b.tensor(DType::i32, {1}, {1});
           c.scalars.draft_token_num = 1;
+        } else if constexpr (std::is_same_v<C, ReplayCommitCall>) {
+          c.records = b.tensor(DType::f32, record_shape);
+          c.state = b.tensor(state_dtype, pool_shape);
+          c.cache_indices = b.tensor(DType::i32, {1}, {0});
+          c.accepted = b.tensor(DType::i32, {1}, {1});
+          c.scalars.draft_token_num = 1;
+        } else {  // record_verify, accept_verify
+          fill_token_inputs(c, b, K, V, io_dtype);
+          c.cu_seqlens = b.tensor(DType::i32, {2}, {0, 1});
+          c.state = b.tensor(state_dtype, pool_shape);
+          c.cache_indices = b.tensor(DType::i32, {1}, {0});
+          c.records = b.tensor(DType::f32, record_shape);
+          c.scalars.draft_token_num = 1;
+          if constexpr (std::is_same_v<C, AcceptVerifyCall>) {
+            // A replayed step too, so the warm-up runs the kernel's replay and write-back.
+            c.prior_records = b.tensor(DType::f32, record_shape);
+            c.prior_accepted = b.tensor(DType::i32, {1}, {1});
+          }
         }
       },
       call);
@@ -535,7 +551,10 @@ Status prepare(Entry entry, std::int32_t K, std::int32_t V, DType io_dtype, DTyp
         if constexpr (std::is_same_v<C, DecodeCall>) return decode(c, options);
         else if constexpr (std::is_same_v<C, PrefillCall>) return prefill(c, options);
         else if constexpr (std::is_same_v<C, VerifyCall>) return verify(c, options);
-        else return commit(c, options);
+        else if constexpr (std::is_same_v<C, CommitCall>) return commit(c, options);
+        else if constexpr (std::is_same_v<C, RecordVerifyCall>) return record_verify(c, options);
+        else if constexpr (std::is_same_v<C, ReplayCommitCall>) return replay_commit(c, options);
+        else return accept_verify(c, options);
       },
       call);
   if (!ran.ok()) return ran;

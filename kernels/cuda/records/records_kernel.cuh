@@ -7,6 +7,10 @@
 //   - runs the new draft's steps as verify does (record_verify, accept_verify), writing the outputs
 //     and, per step, the record g | k | u instead of the state: the first slice's block writes g and
 //     k (every block of a head prepares the same token), each block u of its own rows.
+// With an f32 state and a draft of at most kRecordStepBatch tokens (the usual case) the draft runs
+// in closed form (ClosedDraft below): the state after each step is never formed, since a record
+// path writes none, and each row's steps cost two dot products instead of a decay, two dot
+// products and a rank-1 update, with no dependency between the steps' dot products.
 #pragma once
 
 #include <climits>
@@ -66,18 +70,152 @@ inline rr::VerifyRows<DeviceIndex> empty_call_rows(const AcceptVerifyParams& p) 
   return record_verify_rows(p.verify);
 }
 
-template <class Params, class IO, class ST, int K>
+// The draft of one row's tokens t = 0..L-1 (L <= kRecordStepBatch) from the state S it starts
+// from, without forming the states between. With d_t = exp(g_t) per key channel,
+// P_t = d_0 ... d_t and R_jt = d_(j+1) ... d_t (j < t), the step form
+//     S_t = S_(t-1) diag(d_t) + u_t k_t^T,  u_t = beta_t (v_t - (S_(t-1) diag(d_t)) k_t),
+//     o_t = S_t q_t
+// unrolls to
+//     u_t = beta_t (v_t - S (P_t k_t) - sum_(j<t) A[t][j] u_j),   A[t][j] = k_j . (R_jt k_t)
+//     o_t = S (P_t q_t) + sum_(j<t) B[t][j] u_j + (k_t . q_t) u_t,   B[t][j] = k_j . (R_jt q_t)
+// (products taken channel by channel). P_t k_t, P_t q_t, A and B are the same for every state row
+// of the head, so each block computes them once, after the token preparation; a row then needs
+// the 2L dot products with S and an L x L triangular sweep over scalars. Equal to the step form in
+// exact arithmetic; in f32 it differs by the order of the additions only (an f32 state rounds to
+// f32, so no rounding of the step form is skipped), which kda-math.md's f32 tolerance covers. The
+// products are formed forwards, never divided, so strong decays underflow to zero as the step
+// form's state does.
+template <int K> struct alignas(16) ClosedDraft {
+  float kt[kRecordStepBatch][K];  // P_t k_t
+  float qt[kRecordStepBatch][K];  // P_t q_t
+  float A[kRecordStepBatch][kRecordStepBatch];
+  float B[kRecordStepBatch][kRecordStepBatch];
+};
+struct NoClosedDraft {};
+
+// Fills cd from the prepared steps of sm (steps <= kRecordStepBatch); every thread of the block
+// calls it; the caller synchronises the block before and after.
+template <int K>
+__device__ __forceinline__ void prepare_closed_draft(const StepInputs<K, kRecordStepBatch>& sm,
+                                                     int steps, ClosedDraft<K>& cd) {
+  for (int c = threadIdx.x; c < K; c += kRowThreads) {
+    float P = 1.f;
+    for (int t = 0; t < steps; ++t) {
+      P *= sm.decay[t][c];
+      cd.kt[t][c] = P * sm.k[t][c];
+      cd.qt[t][c] = P * sm.q[t][c];
+    }
+  }
+  // Pairs (j, t), j < t: warp w takes the j = w mod 4, walking t upwards so R_jt grows by one
+  // factor per t; each entry is a sum over the K channels, lane + 32 i per lane.
+  constexpr int kPerLane = K / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int j = warp; j + 1 < steps; j += kRowThreads / 32) {
+    float r[kPerLane], kj[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      r[i] = 1.f;
+      kj[i] = sm.k[j][lane + 32 * i];
+    }
+    for (int t = j + 1; t < steps; ++t) {
+      float a = 0.f, b = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane + 32 * i;
+        r[i] *= sm.decay[t][c];
+        const float x = kj[i] * r[i];
+        a += x * sm.k[t][c];
+        b += x * sm.q[t][c];
+      }
+      a = group_sum<32>(a);
+      b = group_sum<32>(b);
+      if (lane == 0) {
+        cd.A[t][j] = a;
+        cd.B[t][j] = b;
+      }
+    }
+  }
+}
+
+// One row's draft in closed form: writes o_t to out and u_t to the records, as the step form does.
+// s is the row's state (not changed). Every lane of the warp must call it (the sums shuffle).
+template <class IO, int K>
+__device__ __forceinline__ void closed_draft_row(const float (&s)[16], const ClosedDraft<K>& cd,
+                                                 const StepInputs<K, kRecordStepBatch>& sm,
+                                                 int steps, int group_lane, int local, int at,
+                                                 int V, const OutputRows& out,
+                                                 std::int64_t first_token, int hv,
+                                                 float* records_u, std::int64_t step_stride) {
+  using Tile = RowTile<float, K>;
+  float u[kRecordStepBatch];
+#pragma unroll
+  for (int t = 0; t < kRecordStepBatch; ++t) {
+    u[t] = 0.f;
+    if (t < steps) {
+      // S (P_t k_t) and S (P_t q_t): independent of the earlier steps, so the compiler may run
+      // them ahead of the earlier steps' sweeps.
+      float sk = 0.f, o = 0.f;
+#pragma unroll
+      for (int c = 0; c < Tile::kVecs; ++c) {
+        const int e = c * Tile::kPerVec;
+        const int idx = (c * Tile::kLanes + group_lane) * Tile::kPerVec;
+        const float4 kv = *reinterpret_cast<const float4*>(&cd.kt[t][idx]);
+        const float4 qv = *reinterpret_cast<const float4*>(&cd.qt[t][idx]);
+        sk += s[e] * kv.x + s[e + 1] * kv.y + s[e + 2] * kv.z + s[e + 3] * kv.w;
+        o += s[e] * qv.x + s[e + 1] * qv.y + s[e + 2] * qv.z + s[e + 3] * qv.w;
+      }
+      sk = group_sum<Tile::kLanes>(sk);
+      o = group_sum<Tile::kLanes>(o);
+#pragma unroll
+      for (int j = 0; j < t; ++j) {
+        sk += cd.A[t][j] * u[j];
+        o += cd.B[t][j] * u[j];
+      }
+      u[t] = sm.beta[t] * (sm.v[t][local] - sk);
+      o += u[t] * sm.kq[t];
+      if (at < V && group_lane == 0) {
+        store_out<IO>(out, first_token + t, hv, at, o);
+        records_u[t * step_stride + at] = u[t];
+      }
+    }
+  }
+}
+
+// pipeline_chunks (common/recurrent.cuh) with chunk 0's loads already issued into `even` by
+// rows.load, so the caller can prepare its steps while they are in flight.
+template <class ST, int K, class Process>
+__device__ __forceinline__ void pipeline_preloaded_chunks(const ChunkRows<ST, K>& rows,
+                                                          const ST* head, int V, int chunks,
+                                                          uint4 (&even)[4], Process&& process) {
+  uint4 odd[4];
+  for (int chunk = 0; chunk < chunks; chunk += 2) {
+    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
+    process(even, chunk);
+    if (chunk + 1 < chunks) {
+      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
+      process(odd, chunk + 1);
+    }
+  }
+}
+
+// kFitsBatch: the call's bounds (T, and the replayed records' steps) are at most
+// kRecordStepBatch, so every row's replay and draft fit one batch of prepared steps and the kernel
+// holds only that path: without the batched path beside it, ptxas keeps the chunk loop's values in
+// registers (f32 state: 12 to 16 bytes of spill instead of 92 to 116).
+template <class Params, class IO, class ST, int K, bool kFitsBatch>
 __global__ void __launch_bounds__(kRowThreads, 4)
     records_kernel(const Params p, const GuardState guard, const std::int32_t slices,
                    const std::int32_t chunks) {
   constexpr bool kReplay = !std::is_same_v<Params, RecordVerifyParams>;
   constexpr bool kDraft = !std::is_same_v<Params, ReplayCommitParams>;
+  constexpr bool kClosed = kDraft && std::is_same_v<ST, float>;  // closed-form drafts possible
   using Tile = RowTile<ST, K>;
   // [0]: the replayed steps (k, exp(g) and the block's u in v's place) or the draft's tokens;
   // [1]: the draft's tokens when the call also replays.
   __shared__ StepInputs<K, kRecordStepBatch> sm[kReplay && kDraft ? 2 : 1];
   StepInputs<K, kRecordStepBatch>& replay_sm = sm[0];
   StepInputs<K, kRecordStepBatch>& draft_sm = sm[kReplay && kDraft ? 1 : 0];
+  __shared__ std::conditional_t<kClosed, ClosedDraft<K>, NoClosedDraft> closed;
 
   const RecordPool pool = pool_of(p);
   const BlockCoords bc = block_coords(pool.HV, slices);
@@ -168,6 +306,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
             bc.slice == 0 ? draft_head + t * d.records.step_stride : nullptr);
       }
       __syncthreads();
+      if constexpr (kClosed) {
+        if (length <= kRecordStepBatch) {
+          prepare_closed_draft<K>(draft_sm, length, closed);
+          __syncthreads();
+        }
+      }
       draft_prepared = t0;
     }
   };
@@ -196,6 +340,20 @@ __global__ void __launch_bounds__(kRowThreads, 4)
           if (const int at = rows.row(chunk, r); at < V) rows.store(head, at, s[r]);
       }
     }
+    if constexpr (kClosed) {
+      // The closed form whenever the draft fits one batch, whatever the replay before it, so
+      // accept_verify's draft computes what record_verify's does on the same state.
+      if (kOneBatch || length <= kRecordStepBatch) {  // kOneBatch: length <= the batch
+        if constexpr (!kOneBatch) prepare_draft(0);
+        const RecordVerifyParams& d = draft_of(p);
+#pragma unroll
+        for (int r = 0; r < Tile::kRows; ++r)
+          closed_draft_row<IO, K>(s[r], closed, draft_sm, length, rows.group_lane,
+                                  rows.local(chunk, r), rows.row(chunk, r), V, d.out, first_token,
+                                  bc.hv, draft_head + 2 * K, d.records.step_stride);
+        return;
+      }
+    }
     if constexpr (kDraft) {
       const RecordVerifyParams& d = draft_of(p);
       for (int t0 = 0; t0 < length; t0 += kRecordStepBatch) {
@@ -222,19 +380,36 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     }
   };
   // Rows whose replayed steps and draft each fit one batch (the usual draft lengths) prepare them
-  // once, before the chunk loop, as verify does.
-  if (replay_steps <= kRecordStepBatch && length <= kRecordStepBatch) {
+  // once, before the chunk loop, as verify does; the first chunk's state loads are issued before
+  // that preparation, so its memory round trips (records, token inputs) overlap theirs.
+  const bool one_batch = replay_steps <= kRecordStepBatch && length <= kRecordStepBatch;
+  // A row past the call's bounds reaches here only when the device check of that bound
+  // (commit.accepted, accept.prior_accepted, verify.row_length) is disabled: skipped whole.
+  if (kFitsBatch && !one_batch) return;
+  if (one_batch) {
+    uint4 first[4];
+    rows.load(head, V, 0, first);
     if (replay_steps > 0) prepare_replay(0);
     if (length > 0) prepare_draft(0);
-    pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
-      process.template operator()<true>(raw, chunk);
-    });
-  } else {
+    pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, first,
+                                     [&](const uint4 (&raw)[4], int chunk) {
+                                       process.template operator()<true>(raw, chunk);
+                                     });
+  } else if constexpr (!kFitsBatch) {
     pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
     });
   }
 }
+
+// The largest number of records a row of the call replays (replay_commit: accepted <= T;
+// accept_verify: prior_accepted <= prior_records' steps), and of draft tokens it verifies.
+inline std::int64_t replay_bound(const RecordVerifyParams&) { return 0; }
+inline std::int64_t replay_bound(const ReplayCommitParams& p) { return p.draft_tokens; }
+inline std::int64_t replay_bound(const AcceptVerifyParams& p) { return p.prior_records.steps; }
+inline std::int64_t draft_bound(const RecordVerifyParams& p) { return p.draft_tokens; }
+inline std::int64_t draft_bound(const ReplayCommitParams&) { return 0; }
+inline std::int64_t draft_bound(const AcceptVerifyParams& p) { return p.verify.draft_tokens; }
 
 template <class Params, class IO, class ST, int K>
 cudaError_t launch_records_tile(const Params& p, GuardState guard, int chunks_per_block,
@@ -251,8 +426,13 @@ cudaError_t launch_records_tile(const Params& p, GuardState guard, int chunks_pe
   const std::int64_t blocks = static_cast<std::int64_t>(pool.rows) * pool.HV * slices;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  records_kernel<Params, IO, ST, K><<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
-      p, guard, slices, chunks);
+  const bool fits = replay_bound(p) <= kRecordStepBatch && draft_bound(p) <= kRecordStepBatch;
+  if (fits)
+    records_kernel<Params, IO, ST, K, true>
+        <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard, slices, chunks);
+  else
+    records_kernel<Params, IO, ST, K, false>
+        <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard, slices, chunks);
   return cudaGetLastError();
 }
 

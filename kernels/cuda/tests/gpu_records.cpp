@@ -23,6 +23,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gen_problem.h"
@@ -444,6 +445,63 @@ template <class Body> void run_property(const char* name, int fallback_cases, Bo
     if (!ok) break;
   }
   print_worst(name);
+}
+
+// Two speculative steps of a commit spec on the GPU: record_verify and replay_commit of the first
+// draft, then accept_verify of a second draft on the same pool, replaying the first's records; on
+// `stream` when given (captured), else on the default stream. Returns the pair's bytes afterwards.
+std::pair<support::Snapshot, support::Snapshot> two_record_steps(const ProblemSpec& spec,
+                                                                 std::uint64_t seed,
+                                                                 DeviceArena& arena,
+                                                                 bool captured) {
+  arena.reset();
+  RecordProblem first = support::materialize_records(spec, seed);
+  RecordProblem second = support::materialize_records(spec, seed + 1);
+  const TensorView prior_accepted = support::add_index(first.host, "prior_accepted", spec.accepted);
+  const DeviceCopy a = upload(first.host, arena), b = upload(second.host, arena);
+  const std::initializer_list<Placed> both{Placed{&first.host, &a}, Placed{&second.host, &b}};
+  RecordVerifyCall draft = second.record_verify();
+  draft.state = first.host.verify->state;
+  const RecordVerifyCall rv = on_device(first.record_verify(), both);
+  const ReplayCommitCall replay = on_device(first.replay_commit(), both);
+  const AcceptVerifyCall fused = on_device(fused_call(draft, first.records, prior_accepted), both);
+  const gpu::LaunchOptions options = options_for(spec, 0, arena);
+  auto steps = [&](cudaStream_t stream) {
+    gpu::LaunchOptions on = options;
+    on.stream = stream;
+    Status s = gpu::record_verify(rv, on);
+    if (s.ok()) s = gpu::replay_commit(replay, on);
+    if (s.ok()) s = gpu::accept_verify(fused, on);
+    return s;
+  };
+  const Status s = captured ? run_captured(steps) : steps(nullptr);
+  if (!s.ok()) RC_FAIL(fmt::format("{} record steps: {}", captured ? "captured" : "direct", to_string(s)));
+  check_cuda(cudaDeviceSynchronize(), "record steps");
+  if (const std::uint64_t word = read_error_word(options.guard); word != 0)
+    RC_FAIL("the device guard fired on a valid call: " + rule_list(word));
+  download(first.host, a);
+  download(second.host, b);
+  return {first.host.snapshot(), second.host.snapshot()};
+}
+
+// prepare() readies the three record entry points for capture: right after it (and before any
+// uncaptured call of the combination, for every combination this test meets first, since it is
+// registered first in this binary) the captured steps run, and give the uncaptured steps' bytes.
+TEST(GpuRecords, PreparedCallsCaptureAndReplay) {
+  KDAGUARD_SKIP_WITHOUT_GPU();
+  run_property("prepared record calls under capture", 20, [](DeviceArena& arena) {
+    const ProblemSpec spec = *support::gen_commit_spec(limits());
+    for (Entry e : {Entry::record_verify, Entry::replay_commit, Entry::accept_verify}) {
+      const Status s = gpu::prepare(e, spec.K, spec.V, spec.io_dtype, spec.state_dtype, kGpu);
+      if (!s.ok()) RC_FAIL(fmt::format("prepare({}): {}", entry_name(e), to_string(s)));
+      RC_ASSERT(gpu::prepared(e, spec.K, spec.V, spec.io_dtype, spec.state_dtype, kGpu));
+    }
+    const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
+    const auto captured = two_record_steps(spec, seed, arena, true);
+    const auto direct = two_record_steps(spec, seed, arena, false);
+    if (!(captured.first == direct.first)) RC_FAIL("the captured steps' pool or first records differ");
+    if (!(captured.second == direct.second)) RC_FAIL("the captured steps' outputs or records differ");
+  });
 }
 
 TEST(GpuRecords, RecordVerifyMatchesReferenceAndDecodes) {

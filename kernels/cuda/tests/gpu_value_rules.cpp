@@ -1,5 +1,7 @@
-// The device half of every value rule, generated from the mutation table: for each value-rule
-// mutation on each entry point it applies to, a call drawn and broken as the host properties do,
+// The device half of every value rule, generated from the mutation tables (mutations.h for
+// decode, prefill, verify and commit; record_mutations.h for record_verify, replay_commit and
+// accept_verify): for each value-rule mutation on each entry point it applies to, a call drawn
+// and broken as the host properties do,
 // laid out in device memory, run with no host copies of its index values (so the device guard
 // judges them) and compared with the host verdict of the same call with its values: the error
 // word must equal the set of value rules the host reports, exactly. Inputs the call only reads
@@ -8,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -17,11 +20,14 @@
 #include "kdaguard/contracts/value_checks.h"
 #include "kdaguard/kda.h"
 #include "mutations.h"
+#include "record_mutations.h"
 
 namespace kdaguard::gputest {
 namespace {
 
-bool is_output(Arg a) {
+// What entry point e may write: replay_commit only reads its records.
+bool is_output(Entry e, Arg a) {
+  if (a == Arg::records) return e == Entry::record_verify || e == Entry::accept_verify;
   return a == Arg::out || a == Arg::state || a == Arg::initial_state || a == Arg::scratch;
 }
 
@@ -37,7 +43,7 @@ std::int64_t view_bytes(const TensorView& t) {
 // Every buffer of a generated call (views with one address share it; address 0 is a buffer of
 // its own) on the device: floats small and random, index tensors holding their host values.
 struct DeviceCall {
-  AnyCall call;  // relocated, without host values
+  CatalogueCall call;  // relocated, without host values
   std::vector<void*> buffers;
   std::vector<std::vector<std::byte>> uploaded;
   std::vector<bool> read_only;
@@ -94,9 +100,10 @@ template <class F> void for_each_offset(const TensorView& t, F&& f) {
   }
 }
 
-std::unique_ptr<DeviceCall> to_device(const AnyCall& host_call, std::uint64_t seed) {
+std::unique_ptr<DeviceCall> to_device(const CatalogueCall& host_call, std::uint64_t seed) {
   auto d = std::make_unique<DeviceCall>();
   d->call = host_call;
+  const Entry entry = entry_of(host_call);
   std::map<std::uint64_t, std::size_t> by_address;
   std::vector<std::int64_t> sizes;
   std::vector<std::size_t> group_of(kArgCount, SIZE_MAX);
@@ -113,7 +120,7 @@ std::unique_ptr<DeviceCall> to_device(const AnyCall& host_call, std::uint64_t se
     }
     group_of[static_cast<std::size_t>(a)] = g;
     sizes[g] = std::max(sizes[g], view_bytes(*v));
-    if (is_output(a)) d->read_only[g] = false;
+    if (is_output(entry, a)) d->read_only[g] = false;
   });
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> small(-0.5, 0.5);
@@ -148,9 +155,41 @@ std::unique_ptr<DeviceCall> to_device(const AnyCall& host_call, std::uint64_t se
   return d;
 }
 
-Status run_any(const AnyCall& call, const gpu::LaunchOptions& options) {
+Status run_any(const CatalogueCall& call, const gpu::LaunchOptions& options) {
   if (const auto* c = std::get_if<PrefillCall>(&call)) return gpu::prefill(*c, options);
-  return run_gpu(call, options);
+  if (const auto* c = std::get_if<RecordVerifyCall>(&call)) return gpu::record_verify(*c, options);
+  if (const auto* c = std::get_if<ReplayCommitCall>(&call)) return gpu::replay_commit(*c, options);
+  if (const auto* c = std::get_if<AcceptVerifyCall>(&call)) return gpu::accept_verify(*c, options);
+  return run_gpu(*narrow(call), options);
+}
+
+bool is_record_entry(Entry e) {
+  return e == Entry::record_verify || e == Entry::replay_commit || e == Entry::accept_verify;
+}
+
+// The value-rule mutations of `rule` that apply to e, from e's table, each with its name, its
+// rule and a function that draws the broken call.
+struct AnyMutation {
+  std::string_view name;
+  RuleId rule;
+  std::function<CatalogueCall(support::Chooser&)> draw;
+};
+std::vector<AnyMutation> mutations_on(RuleId rule, Entry e) {
+  std::vector<AnyMutation> found;
+  if (is_record_entry(e)) {
+    for (const support::RecordMutation* m : support::record_mutations_for(rule))
+      if (m->applies_to(e))
+        found.push_back({m->name, m->rule, [m, e](support::Chooser& c) {
+                           return support::mutated_record_call(*m, e, c).call;
+                         }});
+  } else {
+    for (const support::Mutation* m : support::mutations_for(rule))
+      if (m->applies_to(e))
+        found.push_back({m->name, m->rule, [m, e](support::Chooser& c) {
+                           return widen(support::mutated_call(*m, e, c).call);
+                         }});
+  }
+  return found;
 }
 
 std::uint64_t value_rules_of(const Verdict& v) {
@@ -170,12 +209,9 @@ std::vector<RuleOnEntry> value_rules_on_entries() {
   std::vector<RuleOnEntry> cases;
   for (const RuleInfo& info : rule_catalogue()) {
     if (info.tier != Tier::value) continue;
-    for (Entry e : {Entry::decode, Entry::prefill, Entry::verify, Entry::commit})
-      for (const support::Mutation* m : support::mutations_for(info.rule))
-        if (m->applies_to(e)) {
-          cases.push_back({info.rule, e});
-          break;
-        }
+    for (Entry e : {Entry::decode, Entry::prefill, Entry::verify, Entry::commit,
+                    Entry::record_verify, Entry::replay_commit, Entry::accept_verify})
+      if (!mutations_on(info.rule, e).empty()) cases.push_back({info.rule, e});
   }
   return cases;
 }
@@ -195,20 +231,19 @@ TEST_P(GpuValueRule, DeviceWordEqualsTheHostVerdict) {
   const int seeds = case_count(6);
   DeviceArena arena(std::size_t{1} << 20);
   int cases = 0;
-  for (const support::Mutation* m : support::mutations_for(rule)) {
-    if (!m->applies_to(e)) continue;
+  for (const AnyMutation& m : mutations_on(rule, e)) {
     for (int seed = 1; seed <= seeds; ++seed) {
       support::SeededChooser choose(static_cast<std::uint64_t>(seed) * 104729 +
-                                    static_cast<std::uint64_t>(m->rule) * 31 +
+                                    static_cast<std::uint64_t>(m.rule) * 31 +
                                     static_cast<std::uint64_t>(e));
-      const support::GeneratedCall g = support::mutated_call(*m, e, choose);
-      const Verdict host = validate(g.call);
-      const std::string what = fmt::format("{} on {} (seed {})", m->name, entry_name(e), seed);
+      const CatalogueCall call = m.draw(choose);
+      const Verdict host = validate(call);
+      const std::string what = fmt::format("{} on {} (seed {})", m.name, entry_name(e), seed);
       ASSERT_FALSE(host.accepted()) << what;
       const std::uint64_t expected = value_rules_of(host);
-      ASSERT_EQ(expected & ~value_checks::rule_bit(m->rule), 0u)
+      ASSERT_EQ(expected & ~value_checks::rule_bit(m.rule), 0u)
           << what << ": the mutation broke more than its rule\n" << describe(host);
-      auto d = to_device(g.call, static_cast<std::uint64_t>(seed));
+      auto d = to_device(call, static_cast<std::uint64_t>(seed));
       arena.reset();
       gpu::LaunchOptions options;
       options.guard = make_guard(arena, 4096);
@@ -250,7 +285,7 @@ TEST(GpuValueRules, OffsetsPastTheTokensAreTheTotalOnTheDevice) {
   (*c.cu_seqlens->values)[0] = 0;
   const Verdict host = validate(g.call);
   ASSERT_EQ(value_rules_of(host), value_checks::rule_bit(RuleId::seqlens_total)) << describe(host);
-  auto d = to_device(g.call, 7);
+  auto d = to_device(widen(g.call), 7);
   DeviceArena arena(std::size_t{1} << 20);
   gpu::LaunchOptions options;
   options.guard = make_guard(arena, 4096);
