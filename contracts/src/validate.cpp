@@ -119,7 +119,8 @@ enum class Dim : std::uint8_t {
 };
 
 enum class DTypeRule : std::uint8_t {
-  kIo,           // bf16, f16 or f32; the dtype of q for every argument but q itself
+  kFloating,     // bf16, f16 or f32 (q itself)
+  kIo,           // the dtype of q (bf16, f16 or f32 where q is missing or not floating)
   kF32OrIo,      // f32 or the dtype of q
   kF32,
   kState,        // f32 or bf16
@@ -170,7 +171,7 @@ using enum DTypeRule;
 using enum Kind;
 
 // Shared by decode, prefill and verify: the per-token inputs.
-constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
+constexpr ArgSpec kQ = spec(Arg::q, kVector, kFloating, false, false, {kRows, kH, kK});
 constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
 constexpr ArgSpec kA =
@@ -448,6 +449,7 @@ bool is_floating(DType t) { return t == DType::bf16 || t == DType::f16 || t == D
 bool dtype_allowed(DTypeRule rule, DType t, const DType* io) {
   const bool floating = is_floating(t);
   switch (rule) {
+    case kFloating: return floating;
     case kIo: return io ? t == *io : floating;
     case kF32OrIo: return t == DType::f32 || (io ? t == *io : floating);
     case kF32: return t == DType::f32;
@@ -462,6 +464,7 @@ std::string dtype_expectation(DTypeRule rule, const DType* io) {
   const std::string io_text = io ? fmt::format("{} (the dtype of q)", dtype_name(*io))
                                  : std::string("bf16, f16 or f32");
   switch (rule) {
+    case kFloating: return "bf16, f16 or f32";
     case kIo: return io_text;
     case kF32OrIo: return "f32 or " + io_text;
     case kF32: return "f32";
@@ -497,7 +500,7 @@ struct CheckedView {
 void check_dtype(const Context& ctx, const ArgSpec& s, const TensorView& t, ArgReport& a) {
   if (s.form_rule) return;  // verify.scratch_indices covers its dtype, rank and shape together.
   const TensorView* q = ctx.view(Arg::q);
-  const DType* io = q && s.arg != Arg::q && is_floating(q->dtype) ? &q->dtype : nullptr;
+  const DType* io = q && is_floating(q->dtype) ? &q->dtype : nullptr;
   if (!dtype_allowed(s.dtype, t.dtype, io))
     // arg.dtype
     a.fail(RuleId::arg_dtype, fmt::format("{} has dtype {}; expected {}", a.name,
