@@ -119,7 +119,8 @@ enum class Dim : std::uint8_t {
 };
 
 enum class DTypeRule : std::uint8_t {
-  kIo,           // bf16, f16 or f32; the dtype of q for every argument but q itself
+  kFloating,     // bf16, f16 or f32 (q itself)
+  kIo,           // the dtype of q (bf16, f16 or f32 where q is missing or not floating)
   kF32OrIo,      // f32 or the dtype of q
   kF32,
   kState,        // f32 or bf16
@@ -170,7 +171,7 @@ using enum DTypeRule;
 using enum Kind;
 
 // Shared by decode, prefill and verify: the per-token inputs.
-constexpr ArgSpec kQ = spec(Arg::q, kVector, kIo, false, false, {kRows, kH, kK});
+constexpr ArgSpec kQ = spec(Arg::q, kVector, kFloating, false, false, {kRows, kH, kK});
 constexpr ArgSpec kKey = spec(Arg::k, kVector, kIo, false, false, {kRows, kH, kK});
 constexpr ArgSpec kVal = spec(Arg::v, kVector, kIo, false, false, {kRows, kHV, kV});
 constexpr ArgSpec kA =
@@ -448,6 +449,7 @@ bool is_floating(DType t) { return t == DType::bf16 || t == DType::f16 || t == D
 bool dtype_allowed(DTypeRule rule, DType t, const DType* io) {
   const bool floating = is_floating(t);
   switch (rule) {
+    case kFloating: return floating;
     case kIo: return io ? t == *io : floating;
     case kF32OrIo: return t == DType::f32 || (io ? t == *io : floating);
     case kF32: return t == DType::f32;
@@ -462,6 +464,7 @@ std::string dtype_expectation(DTypeRule rule, const DType* io) {
   const std::string io_text = io ? fmt::format("{} (the dtype of q)", dtype_name(*io))
                                  : std::string("bf16, f16 or f32");
   switch (rule) {
+    case kFloating: return "bf16, f16 or f32";
     case kIo: return io_text;
     case kF32OrIo: return "f32 or " + io_text;
     case kF32: return "f32";
@@ -472,242 +475,281 @@ std::string dtype_expectation(DTypeRule rule, const DType* io) {
   return "?";
 }
 
-// Checks that every argument gets, then the kind-specific layout rules. Marks the argument sound
-// when nothing about its own layout is wrong.
-void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
-  const TensorView* tp = ctx.view(s.arg);
-  if (tp == nullptr) return;
-  const TensorView& t = *tp;
-  const std::string_view name = arg_name(s.arg);
+// One argument's checks report through this: every failure is the argument's, and any failure
+// makes the argument unsound.
+struct ArgReport {
+  Report& report;
+  std::string_view name;
   bool sound = true;
-  auto fail = [&](RuleId rule, std::string message) {
-    r.add(rule, name, std::move(message));
+
+  void fail(RuleId rule, std::string message) {
+    report.add(rule, name, std::move(message));
     sound = false;
-  };
-
-  // Device.
-  const Device dev = t.device.value_or(ctx.device);
-  if (dev != ctx.device)
-    // arg.device
-    fail(RuleId::arg_device, fmt::format("{} is on {}; the call runs on {}", name,
-                                         device_name(dev), device_name(ctx.device)));
-
-  // Dtype. The scratch's dtype must be the state's: verify.scratch_layout says so.
-  const TensorView* q = ctx.view(Arg::q);
-  const DType* io = q && s.arg != Arg::q && is_floating(q->dtype) ? &q->dtype : nullptr;
-  if (s.form_rule) {
-    // verify.scratch_indices covers its dtype, rank and shape together.
-  } else if (!dtype_allowed(s.dtype, t.dtype, io)) {
-    // arg.dtype
-    fail(RuleId::arg_dtype, fmt::format("{} has dtype {}; expected {}", name, dtype_name(t.dtype),
-                                        dtype_expectation(s.dtype, io)));
   }
+};
 
-  // Rank. Pools and the scratch have their own rank rules.
-  const bool rank_ok = t.rank == s.rank;
-  if (!rank_ok) {
-    if (s.kind == kPool) {
-      // state.rank
-      fail(RuleId::state_rank,
+// What the checks every argument gets leave to the layout checks of its kind.
+struct CheckedView {
+  bool rank_ok;        // the rank is the spec's
+  bool sound;          // no check failed so far: the sizes, strides and extent can be relied on
+  i64 esize;           // bytes per element
+  std::uint64_t data;  // the address of element [0..0]
+};
+
+// The dtype rule, unless the argument's form rule covers its dtype.
+void check_dtype(const Context& ctx, const ArgSpec& s, const TensorView& t, ArgReport& a) {
+  if (s.form_rule) return;  // verify.scratch_indices covers its dtype, rank and shape together.
+  const TensorView* q = ctx.view(Arg::q);
+  const DType* io = q && is_floating(q->dtype) ? &q->dtype : nullptr;
+  if (!dtype_allowed(s.dtype, t.dtype, io))
+    // arg.dtype
+    a.fail(RuleId::arg_dtype, fmt::format("{} has dtype {}; expected {}", a.name,
+                                          dtype_name(t.dtype), dtype_expectation(s.dtype, io)));
+}
+
+// The rank rule: pools and the scratch have their own, and a form rule covers the rank too.
+bool check_rank(const ArgSpec& s, const TensorView& t, ArgReport& a) {
+  if (t.rank == s.rank) return true;
+  if (s.kind == kPool) {
+    // state.rank
+    a.fail(RuleId::state_rank,
            fmt::format("recurrent_kda needs a [N, HV, V, K] state pool; got shape {} for {}",
-                       shape_text(t), name));
-    } else if (s.kind == kScratch) {
-      // verify.scratch_layout
-      fail(RuleId::verify_scratch_layout,
+                       shape_text(t), a.name));
+  } else if (s.kind == kScratch) {
+    // verify.scratch_layout
+    a.fail(RuleId::verify_scratch_layout,
            fmt::format("scratch must be a 5-D [S_spec, T_alloc, HV, V, K] pool; got shape {}",
                        shape_text(t)));
-    } else if (s.form_rule) {
-      // verify.scratch_indices
-      fail(RuleId::verify_scratch_indices,
+  } else if (s.form_rule) {
+    // verify.scratch_indices
+    a.fail(RuleId::verify_scratch_indices,
            fmt::format("scratch_indices must be a 2-D [N, T] i32 tensor; got rank {}", t.rank));
-    } else {
-      // arg.rank
-      fail(RuleId::arg_rank, fmt::format("{} must have {} dimensions; got {} (shape {})", name,
+  } else {
+    // arg.rank
+    a.fail(RuleId::arg_rank, fmt::format("{} must have {} dimensions; got {} (shape {})", a.name,
                                          s.rank, t.rank, shape_text(t)));
-    }
   }
-  if (t.rank < 0 || t.rank > kMaxRank) {
-    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
-    return;
-  }
-  const DimScan scan = scan_dims(t);
-  if (scan.negative_size_dim >= 0) {
-    const int d = scan.negative_size_dim;
-    // arg.shape
-    fail(RuleId::arg_shape, fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
-    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
-    return;
-  }
+  return false;
+}
 
-  // Sizes against the call's dimensions.
-  if (rank_ok) {
-    for (int d = 0; d < s.rank; ++d) {
-      const auto want = expected_size(ctx.dims, s.dims[d]);
-      if (!want) continue;
-      const i64 got = t.shape[d];
-      if (got == *want || (d == 0 && s.leading_at_least && got > *want)) continue;
-      if (d == 0 && s.leading_at_least && got < *want) {
-        if (s.short_leading == RuleId::gate_cover_tokens) {
-          // gate.cover_tokens
-          fail(RuleId::gate_cover_tokens,
+// Sizes against the call's dimensions, for a view of the spec's rank.
+void check_sizes(const Context& ctx, const ArgSpec& s, const TensorView& t, ArgReport& a) {
+  const std::string_view name = a.name;
+  for (int d = 0; d < s.rank; ++d) {
+    const auto want = expected_size(ctx.dims, s.dims[d]);
+    if (!want) continue;
+    const i64 got = t.shape[d];
+    if (got == *want || (d == 0 && s.leading_at_least && got > *want)) continue;
+    if (d == 0 && s.leading_at_least && got < *want) {
+      if (s.short_leading == RuleId::gate_cover_tokens) {
+        // gate.cover_tokens
+        a.fail(RuleId::gate_cover_tokens,
                fmt::format("g and beta must cover every q token: {} has {} rows, q has {}", name,
                            got, *want));
-        } else {
-          // index.length
-          fail(RuleId::index_length,
+      } else {
+        // index.length
+        a.fail(RuleId::index_length,
                fmt::format("{} has {} entries; the call has {} = {} rows", name, got,
                            dim_name(s.dims[d], ctx.entry), *want));
-        }
-        continue;
       }
-      if (s.form_rule) {
-        // verify.scratch_indices
-        fail(RuleId::verify_scratch_indices,
+      continue;
+    }
+    if (s.form_rule) {
+      // verify.scratch_indices
+      a.fail(RuleId::verify_scratch_indices,
              fmt::format("scratch_indices must be [N, T] = [{}, {}]; got shape {}",
                          ctx.dims.N.value_or(-1), ctx.dims.T.value_or(-1), shape_text(t)));
-        continue;
-      }
-      // arg.shape
-      fail(RuleId::arg_shape, fmt::format("{} dim {} must be {} = {}; got {} (shape {})", name, d,
+      continue;
+    }
+    // arg.shape
+    a.fail(RuleId::arg_shape, fmt::format("{} dim {} must be {} = {}; got {} (shape {})", name, d,
                                           dim_name(s.dims[d], ctx.entry), *want, got,
                                           shape_text(t)));
-    }
   }
-  if (s.form_rule && t.dtype != DType::i32)
-    // verify.scratch_indices
-    fail(RuleId::verify_scratch_indices,
-         fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
+}
 
-  // Strides: never negative.
-  if (scan.negative_stride_dim >= 0) {
-    const int d = scan.negative_stride_dim;
-    // arg.stride
-    fail(RuleId::arg_stride, fmt::format("{} has a negative stride {} in dim {}; strides {}", name,
-                                         t.stride[d], d, stride_text(t)));
-    ctx.sound[static_cast<std::size_t>(s.arg)] = false;
-    return;
-  }
-
-  // Extent: the whole view inside 64-bit arithmetic and inside its allocation.
-  const i64 esize = element_size(t.dtype);
+// Extent: the whole view inside 64-bit arithmetic and inside its allocation. Strides and sizes
+// are non-negative by now.
+void check_extent(const TensorView& t, const DimScan& scan, i64 esize, ArgReport& a) {
+  const std::string_view name = a.name;
   const std::optional<i64>& span = scan.span;
   i64 last = 0, end_bytes = 0;
-  const bool empty = scan.empty;
   if (t.storage_offset.count < 0) {
     // arg.extent
-    fail(RuleId::arg_extent, fmt::format("{} starts before its allocation: storage_offset {}",
-                                         name, t.storage_offset.count));
+    a.fail(RuleId::arg_extent, fmt::format("{} starts before its allocation: storage_offset {}",
+                                           name, t.storage_offset.count));
   } else if (!span || __builtin_add_overflow(*span, t.storage_offset.count, &last) ||
              __builtin_add_overflow(last, i64{1}, &end_bytes) ||
              __builtin_mul_overflow(end_bytes, esize, &end_bytes) ||
              t.address > std::numeric_limits<std::uint64_t>::max() -
                              static_cast<std::uint64_t>(end_bytes)) {
     // arg.extent
-    fail(RuleId::arg_extent,
-         fmt::format("{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}",
-                     name, shape_text(t), stride_text(t), t.storage_offset.count));
-  } else if (t.storage_size && !empty && last >= t.storage_size->count) {
+    a.fail(RuleId::arg_extent,
+           fmt::format("{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}",
+                       name, shape_text(t), stride_text(t), t.storage_offset.count));
+  } else if (t.storage_size && !scan.empty && last >= t.storage_size->count) {
     // arg.extent
-    fail(RuleId::arg_extent,
-         fmt::format("{} reaches element {} of its allocation, which holds {} elements "
-                     "(shape {}, strides {}, storage_offset {})",
-                     name, last, t.storage_size->count, shape_text(t), stride_text(t),
-                     t.storage_offset.count));
+    a.fail(RuleId::arg_extent,
+           fmt::format("{} reaches element {} of its allocation, which holds {} elements "
+                       "(shape {}, strides {}, storage_offset {})",
+                       name, last, t.storage_size->count, shape_text(t), stride_text(t),
+                       t.storage_offset.count));
   }
-  const bool extent_ok = sound;
+}
 
+// The checks every argument gets: device, dtype, rank, sizes against the call's dimensions,
+// strides never negative, extent. Nothing when the view's dims cannot be scanned (a rank outside
+// [0, kMaxRank], a negative size or stride): no layout rule of its kind can be judged then.
+std::optional<CheckedView> check_common(const Context& ctx, const ArgSpec& s,
+                                        const TensorView& t, ArgReport& a) {
+  const std::string_view name = a.name;
+  const Device dev = t.device.value_or(ctx.device);
+  if (dev != ctx.device)
+    // arg.device
+    a.fail(RuleId::arg_device, fmt::format("{} is on {}; the call runs on {}", name,
+                                           device_name(dev), device_name(ctx.device)));
+  check_dtype(ctx, s, t, a);
+  const bool rank_ok = check_rank(s, t, a);
+  if (t.rank < 0 || t.rank > kMaxRank) return std::nullopt;
+  const DimScan scan = scan_dims(t);
+  if (scan.negative_size_dim >= 0) {
+    const int d = scan.negative_size_dim;
+    // arg.shape
+    a.fail(RuleId::arg_shape,
+           fmt::format("{} has a negative size {} in dim {}", name, t.shape[d], d));
+    return std::nullopt;
+  }
+  if (rank_ok) check_sizes(ctx, s, t, a);
+  if (s.form_rule && t.dtype != DType::i32)
+    // verify.scratch_indices
+    a.fail(RuleId::verify_scratch_indices,
+           fmt::format("scratch_indices must be i32; got {}", dtype_name(t.dtype)));
+  if (scan.negative_stride_dim >= 0) {
+    const int d = scan.negative_stride_dim;
+    // arg.stride
+    a.fail(RuleId::arg_stride, fmt::format("{} has a negative stride {} in dim {}; strides {}",
+                                           name, t.stride[d], d, stride_text(t)));
+    return std::nullopt;
+  }
+  const i64 esize = element_size(t.dtype);
+  check_extent(t, scan, esize, a);
   const std::uint64_t data =
       t.address + static_cast<std::uint64_t>(std::max<i64>(t.storage_offset.count, 0)) *
                       static_cast<std::uint64_t>(esize);
+  return CheckedView{rank_ok, a.sound, esize, data};
+}
 
-  // Layout rules by kind.
-  if (s.kind == kVector || s.kind == kScalars) {
-    if (t.rank >= 1 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
-      // arg.last_dim_contiguous
-      fail(RuleId::arg_last_dim_contiguous,
+// Vectors and scalars: a contiguous last dim, aligned for the kernels' loads (16-byte vectors or
+// single elements), and an output mapping its elements one to one.
+void check_vector_layout(const ArgSpec& s, const TensorView& t, const CheckedView& v,
+                         ArgReport& a) {
+  const std::string_view name = a.name;
+  const i64 esize = v.esize;
+  if (t.rank >= 1 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    // arg.last_dim_contiguous
+    a.fail(RuleId::arg_last_dim_contiguous,
            fmt::format("`{}` must be contiguous in the last dim.: its last stride is {} "
                        "(strides {})",
                        name, t.stride[t.rank - 1], stride_text(t)));
-    if (s.kind == kVector && extent_ok) {
-      if (data % 16 != 0)
-        // arg.alignment
-        fail(RuleId::arg_alignment,
+  if (s.kind == kVector && v.sound) {
+    if (v.data % 16 != 0)
+      // arg.alignment
+      a.fail(RuleId::arg_alignment,
              fmt::format("{} data address {:#x} is not 16-byte aligned (address {:#x} + "
                          "storage_offset {} x {} bytes)",
-                         name, data, t.address, t.storage_offset.count, esize));
-      for (int d = 0; d + 1 < t.rank; ++d) {
-        if (t.shape[d] > 1 && saturating_mul(t.stride[d], esize) % 16 != 0) {
-          // arg.alignment
-          fail(RuleId::arg_alignment,
+                         name, v.data, t.address, t.storage_offset.count, esize));
+    for (int d = 0; d + 1 < t.rank; ++d) {
+      if (t.shape[d] > 1 && saturating_mul(t.stride[d], esize) % 16 != 0) {
+        // arg.alignment
+        a.fail(RuleId::arg_alignment,
                fmt::format("{} stride {} of dim {} is {} bytes, not a multiple of 16", name,
                            t.stride[d], d, saturating_mul(t.stride[d], esize)));
-          break;
-        }
+        break;
       }
-    } else if (data % static_cast<std::uint64_t>(esize) != 0) {
-      // arg.alignment
-      fail(RuleId::arg_alignment, fmt::format("{} data address {:#x} is not {}-byte aligned",
-                                              name, data, esize));
     }
-    if (s.output && extent_ok && !maps_elements_one_to_one(t))
-      // arg.stride
-      fail(RuleId::arg_stride,
+  } else if (v.data % static_cast<std::uint64_t>(esize) != 0) {
+    // arg.alignment
+    a.fail(RuleId::arg_alignment, fmt::format("{} data address {:#x} is not {}-byte aligned",
+                                              name, v.data, esize));
+  }
+  if (s.output && v.sound && !maps_elements_one_to_one(t))
+    // arg.stride
+    a.fail(RuleId::arg_stride,
            fmt::format("output {} maps two elements to one address: shape {}, strides {}", name,
                        shape_text(t), stride_text(t)));
-  } else if (rank_ok) {
-    // A pool: [S, HV, V, K], or the scratch flattened to [S_spec * T_alloc, HV, V, K].
-    const int o = s.kind == kScratch ? 1 : 0;  // index of the slot dim
-    const i64 HV = t.shape[o + 1], V = t.shape[o + 2], K = t.shape[o + 3];
-    const i64 VK = saturating_mul(V, K), slot_size = saturating_mul(HV, VK);
-    const i64 slot = t.stride[o];
-    // For pools this rule replaces arg.last_dim_contiguous; the upstream text of that one is
-    // kept in the message so both upstream errors lead here.
-    if (t.stride[o + 1] != VK || t.stride[o + 2] != K || t.stride[o + 3] != 1)
-      // state.inner_strides
-      fail(RuleId::state_inner_strides,
+}
+
+// The scratch's rules beyond a pool's: its rows flatten into steps, and its dtype is the state's.
+void check_scratch_layout(const Context& ctx, const TensorView& t, ArgReport& a) {
+  const i64 rows = t.shape[0], steps = t.shape[1];
+  const i64 row_stride = saturating_mul(steps, t.stride[1]);
+  if (rows > 1 && t.stride[0] != row_stride)
+    // verify.scratch_layout
+    a.fail(RuleId::verify_scratch_layout,
+           fmt::format("scratch rows must flatten into steps: stride[0] must be T_alloc * "
+                       "stride[1] = {}; got {}",
+                       row_stride, t.stride[0]));
+  const TensorView* state = ctx.view(Arg::state);
+  if (state && state->dtype != t.dtype)
+    // verify.scratch_layout
+    a.fail(RuleId::verify_scratch_layout,
+           fmt::format("scratch has dtype {}; it must be the state's dtype {}",
+                       dtype_name(t.dtype), dtype_name(state->dtype)));
+}
+
+// A pool of the spec's rank: [S, HV, V, K], or the scratch flattened to
+// [S_spec * T_alloc, HV, V, K]. Compact slots on the compiled stride contract.
+void check_pool_layout(const Context& ctx, const ArgSpec& s, const TensorView& t,
+                       const CheckedView& v, ArgReport& a) {
+  const std::string_view name = a.name;
+  const int o = s.kind == kScratch ? 1 : 0;  // index of the slot dim
+  const i64 HV = t.shape[o + 1], V = t.shape[o + 2], K = t.shape[o + 3];
+  const i64 VK = saturating_mul(V, K), slot_size = saturating_mul(HV, VK);
+  const i64 slot = t.stride[o];
+  // For pools this rule replaces arg.last_dim_contiguous; the upstream text of that one is
+  // kept in the message so both upstream errors lead here.
+  if (t.stride[o + 1] != VK || t.stride[o + 2] != K || t.stride[o + 3] != 1)
+    // state.inner_strides
+    a.fail(RuleId::state_inner_strides,
            fmt::format("recurrent_kda state inner strides must be compact (V*K, K, 1)=({}, {}, "
                        "1); got ({}, {}, {}) (only the slot stride may be non-compact) for {}{}",
                        VK, K, t.stride[o + 1], t.stride[o + 2], t.stride[o + 3], name,
                        t.stride[o + 3] != 1
                            ? fmt::format("; `{}` must be contiguous in the last dim.", name)
                            : std::string()));
-    if (slot % 16 != 0)
-      // state.slot_stride_align
-      fail(RuleId::state_slot_stride_align,
+  if (slot % 16 != 0)
+    // state.slot_stride_align
+    a.fail(RuleId::state_slot_stride_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} slot "
                        "stride {} elements must be a multiple of 16",
                        name, slot));
-    const i64 base_bytes = saturating_mul(t.storage_offset.count, esize);
-    if (base_bytes % 32 != 0 || data % 32 != 0)
-      // state.base_align
-      fail(RuleId::state_base_align,
+  const i64 base_bytes = saturating_mul(t.storage_offset.count, v.esize);
+  if (base_bytes % 32 != 0 || v.data % 32 != 0)
+    // state.base_align
+    a.fail(RuleId::state_base_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} base "
                        "byte offset {} (data address {:#x}) must be a multiple of 32",
-                       name, base_bytes, data));
-    if (slot < slot_size)
-      // state.slot_stride_min
-      fail(RuleId::state_slot_stride_min,
+                       name, base_bytes, v.data));
+  if (slot < slot_size)
+    // state.slot_stride_min
+    a.fail(RuleId::state_slot_stride_min,
            fmt::format("{} slot stride {} is smaller than a slot, HV*V*K = {}: slots would "
                        "overlap",
                        name, slot, slot_size));
-    if (s.kind == kScratch) {
-      const i64 rows = t.shape[0], steps = t.shape[1];
-      const i64 row_stride = saturating_mul(steps, t.stride[1]);
-      if (rows > 1 && t.stride[0] != row_stride)
-        // verify.scratch_layout
-        fail(RuleId::verify_scratch_layout,
-             fmt::format("scratch rows must flatten into steps: stride[0] must be T_alloc * "
-                         "stride[1] = {}; got {}",
-                         row_stride, t.stride[0]));
-      const TensorView* state = ctx.view(Arg::state);
-      if (state && state->dtype != t.dtype)
-        // verify.scratch_layout
-        fail(RuleId::verify_scratch_layout,
-             fmt::format("scratch has dtype {}; it must be the state's dtype {}",
-                         dtype_name(t.dtype), dtype_name(state->dtype)));
-    }
-  }
-  ctx.sound[static_cast<std::size_t>(s.arg)] = sound;
+  if (s.kind == kScratch) check_scratch_layout(ctx, t, a);
+}
+
+// The checks every argument gets, then the layout rules of its kind. Marks the argument sound
+// when nothing about its own layout is wrong (ctx.sound starts false).
+void check_argument(Context& ctx, const ArgSpec& s, Report& r) {
+  const TensorView* t = ctx.view(s.arg);
+  if (t == nullptr) return;
+  ArgReport a{r, arg_name(s.arg)};
+  const std::optional<CheckedView> v = check_common(ctx, s, *t, a);
+  if (!v) return;
+  if (s.kind == kVector || s.kind == kScalars) check_vector_layout(s, *t, *v, a);
+  else if (v->rank_ok) check_pool_layout(ctx, s, *t, *v, a);
+  ctx.sound[static_cast<std::size_t>(s.arg)] = a.sound;
 }
 
 // ------------------------------------------------------------------------------------------------
