@@ -19,62 +19,34 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <vector>
 
 #include "bench_support.cuh"
 #include "kdaguard/kda.h"
+#include "recurrent_bench.cuh"
 
 namespace {
 
 using kdaguard::DType;
 using kdaguard::TensorView;
-using kdaguard::bench::CopyCeiling;
+using kdaguard::bench::Buffers;
 using kdaguard::bench::DeviceBuffer;
 using kdaguard::bench::device_view;
-using kdaguard::bench::fill_uniform;
-using kdaguard::bench::hold_gpu;
+using kdaguard::bench::index_view;
+using kdaguard::bench::random_buffer;
 
-constexpr int kH = 32, kHV = 32, kK = 128, kV = 128;
-constexpr std::int64_t kRotateBytes = std::int64_t{512} << 20;  // > 8x the 60 MB L2
+using kdaguard::bench::kH;
+using kdaguard::bench::kHV;
+using kdaguard::bench::kK;
+using kdaguard::bench::kSlotElements;
+using kdaguard::bench::kV;
+using kdaguard::bench::RecurrentBuffers;
 
-// hold_gpu's time before every start event (bench_support.cuh): longer than the host work of any
-// single call here.
-constexpr long long kHoldNs = 100000;
-
-std::unique_ptr<DeviceBuffer> random_buffer(std::int64_t elements, DType t, float lo, float hi,
-                                            std::uint32_t seed) {
-  auto b = std::make_unique<DeviceBuffer>(elements * kdaguard::element_size(t));
-  fill_uniform(*b, elements, t, lo, hi, seed);
-  return b;
-}
-
-// ---- the copy ceiling -----------------------------------------------------------------------------
-
-double g_copy_tbps = 0.0;
-
-constexpr std::uint32_t kCopySeed = 7;  // the copy source's noise, in BM_CopyCeiling and main alike
-
-void BM_CopyCeiling(benchmark::State& state) {
-  const std::size_t bytes = CopyCeiling::kBytes;
-  const CopyCeiling copy(kCopySeed);
-  copy.median_seconds(2, kHoldNs);
-  double total = 0;
-  for (auto _ : state) {
-    const double s = copy.median_seconds(1, kHoldNs);
-    state.SetIterationTime(s);
-    total += s;
-  }
-  const double tbps = 2.0 * bytes * state.iterations() / total / 1e12;
-  state.counters["TBps"] = tbps;
-  state.counters["bytes"] = 2.0 * bytes;
-}
+void BM_CopyCeiling(benchmark::State& state) { kdaguard::bench::copy_ceiling_benchmark(state); }
 
 // ---- recurrent problems ---------------------------------------------------------------------------
 
@@ -88,7 +60,7 @@ struct Problem {
   bool host_values;
   int sets = 1;
   std::int64_t slot_bytes = 0;
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  Buffers buffers;
   std::vector<kdaguard::DecodeCall> decodes;
   std::vector<kdaguard::VerifyCall> verifies;
   std::vector<kdaguard::CommitCall> commits;
@@ -101,25 +73,6 @@ struct Problem {
 
 std::unique_ptr<Problem> g_problem;
 
-void* keep(Problem& p, std::unique_ptr<DeviceBuffer> b) {
-  p.buffers.push_back(std::move(b));
-  return p.buffers.back()->ptr;
-}
-
-void* index_buffer(Problem& p, const std::vector<std::int64_t>& values) {
-  std::vector<std::int32_t> narrow(values.begin(), values.end());
-  void* d = keep(p, std::make_unique<DeviceBuffer>(std::max<std::size_t>(4, narrow.size() * 4)));
-  CHECK_CUDA(cudaMemcpy(d, narrow.data(), narrow.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
-TensorView index_view(const std::vector<std::int64_t>& shape, const void* d, std::int64_t offset,
-                      std::vector<std::int64_t> values, bool host_values) {
-  TensorView v = device_view(DType::i32, shape, d, offset);
-  if (host_values) v.values = std::move(values);
-  return v;
-}
-
 Problem& problem(Kind kind, int rows, int T, DType state_dtype, bool host_values) {
   if (g_problem && g_problem->same(kind, rows, T, state_dtype, host_values)) return *g_problem;
   g_problem.reset();
@@ -130,64 +83,39 @@ Problem& problem(Kind kind, int rows, int T, DType state_dtype, bool host_values
   p->T = T;
   p->state_dtype = state_dtype;
   p->host_values = host_values;
-  const std::int64_t slot_elems = std::int64_t{kHV} * kV * kK;
-  p->slot_bytes = slot_elems * kdaguard::element_size(state_dtype);
-  p->sets = static_cast<int>(
-      std::max<std::int64_t>(2, (kRotateBytes + rows * p->slot_bytes - 1) / (rows * p->slot_bytes)));
+  p->slot_bytes = kSlotElements * kdaguard::element_size(state_dtype);
+  p->sets = kdaguard::bench::rotation_sets(rows, p->slot_bytes);
   const std::int64_t slots = std::int64_t{p->sets} * rows;
   const int tokens_per_row = kind == Kind::decode ? 1 : T;
   const std::int64_t tokens = std::int64_t{rows} * tokens_per_row;
-  const DType io = DType::bf16;
+  const RecurrentBuffers t(p->buffers, tokens, slots, state_dtype);
 
-  void* q = keep(*p, random_buffer(tokens * kH * kK, io, -1.f, 1.f, 1));
-  void* k = keep(*p, random_buffer(tokens * kH * kK, io, -1.f, 1.f, 2));
-  void* v = keep(*p, random_buffer(tokens * kHV * kV, io, -1.f, 1.f, 3));
-  void* a = keep(*p, random_buffer(tokens * kHV * kK, io, -3.f, 3.f, 4));
-  void* b = keep(*p, random_buffer(tokens * kHV, io, -3.f, 3.f, 5));
-  void* A_log = keep(*p, random_buffer(kHV, DType::f32, 0.f, 2.7f, 6));
-  void* dt_bias = keep(*p, random_buffer(kHV * kK, DType::f32, -1.f, 1.f, 8));
-  void* pool = keep(*p, random_buffer(slots * slot_elems, state_dtype, -1.f, 1.f, 9));
-  void* out = keep(*p, std::make_unique<DeviceBuffer>(tokens * kHV * kV * 2));
-
-  // Set s owns slots [s * rows, (s + 1) * rows), in a shuffled order.
-  std::mt19937_64 rng(42);
-  std::vector<std::int64_t> all_slots(slots);
-  std::iota(all_slots.begin(), all_slots.end(), 0);
-  for (int s = 0; s < p->sets; ++s)
-    std::shuffle(all_slots.begin() + std::int64_t{s} * rows,
-                 all_slots.begin() + std::int64_t{s + 1} * rows, rng);
-  void* cache = index_buffer(*p, all_slots);
+  const std::vector<std::int64_t> all_slots = kdaguard::bench::shuffled_slot_sets(p->sets, rows);
+  void* cache = p->buffers.indices(all_slots);
   std::vector<std::int64_t> cu(rows + 1);
   for (int n = 0; n <= rows; ++n) cu[n] = std::int64_t{n} * tokens_per_row;
-  void* cu_d = index_buffer(*p, cu);
+  void* cu_d = p->buffers.indices(cu);
   std::vector<std::int64_t> identity(rows);
   std::iota(identity.begin(), identity.end(), 0);
-  void* row_map = index_buffer(*p, identity);
+  void* row_map = p->buffers.indices(identity);
   void* scratch = nullptr;
   if (kind != Kind::decode)
-    scratch = keep(*p, random_buffer(std::int64_t{rows} * T * slot_elems, state_dtype, -1.f, 1.f, 10));
+    scratch = p->buffers.keep(random_buffer(std::int64_t{rows} * T * kSlotElements, state_dtype, -1.f, 1.f, 10));
   std::vector<std::int64_t> accepted(rows);
   for (int n = 0; n < rows; ++n) accepted[n] = 1 + n % T;
-  void* accepted_d = kind == Kind::commit ? index_buffer(*p, accepted) : nullptr;
+  void* accepted_d = kind == Kind::commit ? p->buffers.indices(accepted) : nullptr;
 
   for (int s = 0; s < p->sets; ++s) {
     const std::int64_t offset = std::int64_t{s} * rows;
     std::vector<std::int64_t> set_slots(all_slots.begin() + offset,
                                         all_slots.begin() + offset + rows);
     const TensorView cache_view = index_view({rows}, cache, offset, set_slots, host_values);
-    const TensorView pool_view = device_view(state_dtype, {slots, kHV, kV, kK}, pool);
+    const TensorView pool_view = device_view(state_dtype, {slots, kHV, kV, kK}, t.pool);
     if (kind == Kind::decode) {
       kdaguard::DecodeCall c;
-      c.q = device_view(io, {rows, kH, kK}, q);
-      c.k = device_view(io, {rows, kH, kK}, k);
-      c.v = device_view(io, {rows, kHV, kV}, v);
-      c.a = device_view(io, {rows, kHV, kK}, a);
-      c.b = device_view(io, {rows, kHV}, b);
-      c.A_log = device_view(DType::f32, {kHV}, A_log);
-      c.dt_bias = device_view(DType::f32, {kHV * kK}, dt_bias);
+      t.view_tokens(c, rows);
       c.state = pool_view;
       c.cache_indices = cache_view;
-      c.out = device_view(io, {rows, kHV, kV}, out);
       c.scalars.use_qk_l2norm = true;
       p->decodes.push_back(c);
     } else {
@@ -195,19 +123,12 @@ Problem& problem(Kind kind, int rows, int T, DType state_dtype, bool host_values
       const TensorView map_view = index_view({rows}, row_map, 0, identity, host_values);
       if (kind == Kind::verify) {
         kdaguard::VerifyCall c;
-        c.q = device_view(io, {tokens, kH, kK}, q);
-        c.k = device_view(io, {tokens, kH, kK}, k);
-        c.v = device_view(io, {tokens, kHV, kV}, v);
-        c.a = device_view(io, {tokens, kHV, kK}, a);
-        c.b = device_view(io, {tokens, kHV}, b);
-        c.A_log = device_view(DType::f32, {kHV}, A_log);
-        c.dt_bias = device_view(DType::f32, {kHV * kK}, dt_bias);
+        t.view_tokens(c, tokens);
         c.cu_seqlens = index_view({rows + 1}, cu_d, 0, cu, host_values);
         c.state = pool_view;
         c.cache_indices = cache_view;
         c.scratch = scratch_view;
         c.scratch_row_map = map_view;
-        c.out = device_view(io, {tokens, kHV, kV}, out);
         c.scalars.use_qk_l2norm = true;
         c.scalars.draft_token_num = T;
         p->verifies.push_back(c);
@@ -224,11 +145,11 @@ Problem& problem(Kind kind, int rows, int T, DType state_dtype, bool host_values
     }
   }
   if (!host_values) {
-    auto* word = static_cast<unsigned long long*>(keep(*p, std::make_unique<DeviceBuffer>(8)));
+    auto* word = static_cast<unsigned long long*>(p->buffers.keep(std::make_unique<DeviceBuffer>(8)));
     CHECK_CUDA(cudaMemset(word, 0, 8));
     p->options.guard.error_word = word;
     p->options.guard.row_flags =
-        static_cast<std::int32_t*>(keep(*p, std::make_unique<DeviceBuffer>(4 * rows)));
+        static_cast<std::int32_t*>(p->buffers.keep(std::make_unique<DeviceBuffer>(4 * rows)));
     p->options.guard.row_flags_capacity = rows;
   }
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -247,55 +168,19 @@ kdaguard::Status call_set(Problem& p, int set) {
 
 // Times `calls` back-to-back calls per iteration, each on the next slot set.
 void run_timed(benchmark::State& state, Problem& p, int calls, double state_bytes_per_call) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  int set = 0;
-  for (int i = 0; i < 3; ++i) {  // warm-up
-    const kdaguard::Status s = call_set(p, set);
-    if (!s.ok()) {
-      state.SkipWithError(kdaguard::to_string(s).c_str());
-      return;
-    }
-    set = (set + 1) % p.sets;
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  double total = 0, host_total = 0;
-  for (auto _ : state) {
-    hold_gpu<<<1, 1, 0, p.options.stream>>>(kHoldNs);
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaEventRecord(start, p.options.stream));
-    const auto host_start = std::chrono::steady_clock::now();
-    for (int c = 0; c < calls; ++c) {
-      call_set(p, set);
-      set = (set + 1) % p.sets;
-    }
-    host_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start)
-                      .count() / calls;
-    CHECK_CUDA(cudaEventRecord(stop, p.options.stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    const double per_call = ms * 1e-3 / calls;
-    state.SetIterationTime(per_call);
-    total += per_call;
-  }
-  CHECK_CUDA(cudaGetLastError());
+  const kdaguard::bench::Timed timed = kdaguard::bench::time_calls(
+      state, p.options.stream, p.sets, calls, [&](int set) { return call_set(p, set); });
+  if (!timed.ok) return;
   if (p.options.guard.error_word != nullptr) {
     unsigned long long word = 0;
     CHECK_CUDA(cudaMemcpy(&word, p.options.guard.error_word, 8, cudaMemcpyDeviceToHost));
     if (word != 0) state.SkipWithError("the device guard fired on a valid call");
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  const double tbps = state_bytes_per_call * state.iterations() / total / 1e12;
-  state.counters["bytes"] = state_bytes_per_call;
-  state.counters["TBps"] = tbps;
-  state.counters["pct_copy"] = g_copy_tbps > 0 ? 100.0 * tbps / g_copy_tbps : 0.0;
-  state.counters["us_per_call"] = 1e6 * total / state.iterations();
+  kdaguard::bench::set_bandwidth_counters(state, state_bytes_per_call, timed);
+  state.counters["us_per_call"] = 1e6 * timed.device / state.iterations();
   // Host time of the entry point alone (validation, lowering, launch): when it is close to
   // us_per_call, back-to-back calls are bound by the host, not the device.
-  state.counters["host_us_per_call"] = 1e6 * host_total / state.iterations();
+  state.counters["host_us_per_call"] = 1e6 * timed.host / state.iterations();
 }
 
 DType state_dtype_arg(std::int64_t a) { return a == 0 ? DType::f32 : DType::bf16; }
@@ -378,33 +263,7 @@ BENCHMARK(BM_Commit)
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("bench_decode: no CUDA device, nothing to measure\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  {
-    // The ceiling first, so every counter can relate to it.
-    const CopyCeiling copy(kCopySeed);
-    copy.median_seconds(3, kHoldNs);
-    g_copy_tbps = 2.0 * CopyCeiling::kBytes / copy.median_seconds(15, kHoldNs) / 1e12;
-  }
-  int driver = 0, runtime = 0;
-  cudaDriverGetVersion(&driver);
-  cudaRuntimeGetVersion(&runtime);
-  benchmark::AddCustomContext("gpu", prop.name);
-  benchmark::AddCustomContext("sm_count", std::to_string(prop.multiProcessorCount));
-  benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
-  benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
-  benchmark::AddCustomContext("copy_ceiling_TBps", std::to_string(g_copy_tbps));
-  std::printf("copy ceiling: %.3f TB/s (2 GiB device-to-device, read + written, median of 15)\n",
-              g_copy_tbps);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  const int status = kdaguard::bench::run_benchmarks("bench_decode", argc, argv);
   g_problem.reset();
-  return 0;
+  return status;
 }

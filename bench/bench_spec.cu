@@ -27,58 +27,38 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "bench_support.cuh"
 #include "kdaguard/kda.h"
+#include "recurrent_bench.cuh"
 
 namespace {
 
 using kdaguard::DType;
 using kdaguard::TensorView;
-using kdaguard::bench::CopyCeiling;
+using kdaguard::bench::Buffers;
 using kdaguard::bench::DeviceBuffer;
 using kdaguard::bench::device_view;
-using kdaguard::bench::fill_uniform;
-using kdaguard::bench::hold_gpu;
+using kdaguard::bench::index_view;
+using kdaguard::bench::random_buffer;
 
-constexpr int kH = 32, kHV = 32, kK = 128, kV = 128;
-constexpr std::int64_t kRecordWidth = 2 * kK + kV;                // g | k | u
-constexpr std::int64_t kRotateBytes = std::int64_t{512} << 20;  // > 8x the 60 MB L2
-constexpr long long kHoldNs = 100000;  // longer than the host work of any step here
-constexpr std::uint32_t kCopySeed = 7;  // as bench_decode
+using kdaguard::bench::kH;
+using kdaguard::bench::kHV;
+using kdaguard::bench::kK;
+using kdaguard::bench::kSlotElements;
+using kdaguard::bench::kV;
+using kdaguard::bench::RecurrentBuffers;
+constexpr std::int64_t kRecordWidth = 2 * kK + kV;  // g | k | u
 
-double g_copy_tbps = 0.0;
-
-void BM_CopyCeiling(benchmark::State& state) {
-  const CopyCeiling copy(kCopySeed);
-  copy.median_seconds(2, kHoldNs);
-  double total = 0;
-  for (auto _ : state) {
-    const double s = copy.median_seconds(1, kHoldNs);
-    state.SetIterationTime(s);
-    total += s;
-  }
-  state.counters["TBps"] = 2.0 * CopyCeiling::kBytes * state.iterations() / total / 1e12;
-  state.counters["bytes"] = 2.0 * CopyCeiling::kBytes;
-}
+void BM_CopyCeiling(benchmark::State& state) { kdaguard::bench::copy_ceiling_benchmark(state); }
 
 enum class Path { state, records, fused };
-
-std::unique_ptr<DeviceBuffer> random_buffer(std::int64_t elements, DType t, float lo, float hi,
-                                            std::uint32_t seed) {
-  auto b = std::make_unique<DeviceBuffer>(elements * kdaguard::element_size(t));
-  fill_uniform(*b, elements, t, lo, hi, seed);
-  return b;
-}
 
 // The calls of one configuration, one step per slot set; rebuilt only when it changes.
 struct Problem {
@@ -87,7 +67,7 @@ struct Problem {
   DType state_dtype;
   int sets = 1;
   std::int64_t slot_bytes = 0;
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  Buffers buffers;
   std::vector<kdaguard::VerifyCall> verifies;
   std::vector<kdaguard::CommitCall> commits;
   std::vector<kdaguard::RecordVerifyCall> record_verifies;
@@ -107,25 +87,6 @@ struct Problem {
 
 std::unique_ptr<Problem> g_problem;
 
-void* keep(Problem& p, std::unique_ptr<DeviceBuffer> b) {
-  p.buffers.push_back(std::move(b));
-  return p.buffers.back()->ptr;
-}
-
-void* index_buffer(Problem& p, const std::vector<std::int64_t>& values) {
-  std::vector<std::int32_t> narrow(values.begin(), values.end());
-  void* d = keep(p, std::make_unique<DeviceBuffer>(std::max<std::size_t>(4, narrow.size() * 4)));
-  CHECK_CUDA(cudaMemcpy(d, narrow.data(), narrow.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
-TensorView index_view(const std::vector<std::int64_t>& shape, const void* d, std::int64_t offset,
-                      std::vector<std::int64_t> values) {
-  TensorView v = device_view(DType::i32, shape, d, offset);
-  v.values = std::move(values);
-  return v;
-}
-
 void check(const kdaguard::Status& s, const char* what) {
   if (!s.ok()) {
     std::fprintf(stderr, "bench_spec: %s refused: %s\n", what, kdaguard::to_string(s).c_str());
@@ -142,60 +103,36 @@ Problem& problem(Path path, int rows, int T, DType state_dtype) {
   p->rows = rows;
   p->T = T;
   p->state_dtype = state_dtype;
-  const std::int64_t slot_elems = std::int64_t{kHV} * kV * kK;
-  p->slot_bytes = slot_elems * kdaguard::element_size(state_dtype);
-  p->sets = static_cast<int>(
-      std::max<std::int64_t>(2, (kRotateBytes + rows * p->slot_bytes - 1) / (rows * p->slot_bytes)));
+  p->slot_bytes = kSlotElements * kdaguard::element_size(state_dtype);
+  p->sets = kdaguard::bench::rotation_sets(rows, p->slot_bytes);
   const std::int64_t slots = std::int64_t{p->sets} * rows;
   const std::int64_t tokens = std::int64_t{rows} * T;
-  const DType io = DType::bf16;
+  const RecurrentBuffers t(p->buffers, tokens, slots, state_dtype);
 
-  void* q = keep(*p, random_buffer(tokens * kH * kK, io, -1.f, 1.f, 1));
-  void* k = keep(*p, random_buffer(tokens * kH * kK, io, -1.f, 1.f, 2));
-  void* v = keep(*p, random_buffer(tokens * kHV * kV, io, -1.f, 1.f, 3));
-  void* a = keep(*p, random_buffer(tokens * kHV * kK, io, -3.f, 3.f, 4));
-  void* b = keep(*p, random_buffer(tokens * kHV, io, -3.f, 3.f, 5));
-  void* A_log = keep(*p, random_buffer(kHV, DType::f32, 0.f, 2.7f, 6));
-  void* dt_bias = keep(*p, random_buffer(kHV * kK, DType::f32, -1.f, 1.f, 8));
-  void* pool = keep(*p, random_buffer(slots * slot_elems, state_dtype, -1.f, 1.f, 9));
-  void* out = keep(*p, std::make_unique<DeviceBuffer>(tokens * kHV * kV * 2));
-
-  std::mt19937_64 rng(42);
-  std::vector<std::int64_t> all_slots(slots);
-  std::iota(all_slots.begin(), all_slots.end(), 0);
-  for (int s = 0; s < p->sets; ++s)
-    std::shuffle(all_slots.begin() + std::int64_t{s} * rows,
-                 all_slots.begin() + std::int64_t{s + 1} * rows, rng);
-  void* cache = index_buffer(*p, all_slots);
+  const std::vector<std::int64_t> all_slots = kdaguard::bench::shuffled_slot_sets(p->sets, rows);
+  void* cache = p->buffers.indices(all_slots);
   std::vector<std::int64_t> cu(rows + 1);
   for (int n = 0; n <= rows; ++n) cu[n] = std::int64_t{n} * T;
-  void* cu_d = index_buffer(*p, cu);
+  void* cu_d = p->buffers.indices(cu);
   p->accepted.resize(rows);
   for (int n = 0; n < rows; ++n) p->accepted[n] = 1 + n % T;
-  void* accepted_d = index_buffer(*p, p->accepted);
+  void* accepted_d = p->buffers.indices(p->accepted);
 
   void* scratch = nullptr;
   std::vector<std::int64_t> identity(rows);
   std::iota(identity.begin(), identity.end(), 0);
   void* row_map = nullptr;
   if (path == Path::state) {
-    scratch = keep(*p, random_buffer(std::int64_t{rows} * T * slot_elems, state_dtype, -1.f, 1.f, 10));
-    row_map = index_buffer(*p, identity);
+    scratch = p->buffers.keep(random_buffer(std::int64_t{rows} * T * kSlotElements, state_dtype, -1.f, 1.f, 10));
+    row_map = p->buffers.indices(identity);
   }
   const std::vector<std::int64_t> record_shape{rows, T, kHV, kRecordWidth};
   const std::int64_t record_elems = std::int64_t{rows} * T * kHV * kRecordWidth;
 
   auto token_inputs = [&](auto& c) {
     c.device = {kdaguard::Device::Kind::cuda, 0};
-    c.q = device_view(io, {tokens, kH, kK}, q);
-    c.k = device_view(io, {tokens, kH, kK}, k);
-    c.v = device_view(io, {tokens, kHV, kV}, v);
-    c.a = device_view(io, {tokens, kHV, kK}, a);
-    c.b = device_view(io, {tokens, kHV}, b);
-    c.A_log = device_view(DType::f32, {kHV}, A_log);
-    c.dt_bias = device_view(DType::f32, {kHV * kK}, dt_bias);
+    t.view_tokens(c, tokens);
     c.cu_seqlens = index_view({rows + 1}, cu_d, 0, cu);
-    c.out = device_view(io, {tokens, kHV, kV}, out);
     c.scalars.use_qk_l2norm = true;
     c.scalars.draft_token_num = T;
   };
@@ -205,7 +142,7 @@ Problem& problem(Path path, int rows, int T, DType state_dtype) {
     const std::vector<std::int64_t> set_slots(all_slots.begin() + offset,
                                               all_slots.begin() + offset + rows);
     const TensorView cache_view = index_view({rows}, cache, offset, set_slots);
-    const TensorView pool_view = device_view(state_dtype, {slots, kHV, kV, kK}, pool);
+    const TensorView pool_view = device_view(state_dtype, {slots, kHV, kV, kK}, t.pool);
     const TensorView accepted_view = index_view({rows}, accepted_d, 0, p->accepted);
     switch (path) {
       case Path::state: {
@@ -228,7 +165,7 @@ Problem& problem(Path path, int rows, int T, DType state_dtype) {
         break;
       }
       case Path::records: {
-        void* records = keep(*p, std::make_unique<DeviceBuffer>(record_elems * 4));
+        void* records = p->buffers.keep(std::make_unique<DeviceBuffer>(record_elems * 4));
         kdaguard::RecordVerifyCall rv;
         token_inputs(rv);
         rv.state = pool_view;
@@ -251,8 +188,8 @@ Problem& problem(Path path, int rows, int T, DType state_dtype) {
         // The previous step's records: written once here by a real record_verify of the set's
         // slots, replayed by every fused step of the set (each step also writes its new draft's
         // records, into the other buffer, as a serving loop alternates them).
-        void* prior = keep(*p, std::make_unique<DeviceBuffer>(record_elems * 4));
-        void* records = keep(*p, std::make_unique<DeviceBuffer>(record_elems * 4));
+        void* prior = p->buffers.keep(std::make_unique<DeviceBuffer>(record_elems * 4));
+        void* records = p->buffers.keep(std::make_unique<DeviceBuffer>(record_elems * 4));
         kdaguard::RecordVerifyCall rv;
         token_inputs(rv);
         rv.state = pool_view;
@@ -295,38 +232,9 @@ kdaguard::Status step(Problem& p, int set) {
 void run_steps(benchmark::State& state, Path path) {
   const int B = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
   Problem& p = problem(path, B, T, state.range(2) == 0 ? DType::f32 : DType::bf16);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  int set = 0;
-  for (int i = 0; i < 3; ++i) {  // warm-up
-    const kdaguard::Status s = step(p, set);
-    if (!s.ok()) {
-      state.SkipWithError(kdaguard::to_string(s).c_str());
-      return;
-    }
-    set = (set + 1) % p.sets;
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  double total = 0, host_total = 0;
-  for (auto _ : state) {
-    hold_gpu<<<1, 1, 0, p.options.stream>>>(kHoldNs);
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaEventRecord(start, p.options.stream));
-    const auto host_start = std::chrono::steady_clock::now();
-    step(p, set);
-    host_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
-    set = (set + 1) % p.sets;
-    CHECK_CUDA(cudaEventRecord(stop, p.options.stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms * 1e-3);
-    total += ms * 1e-3;
-  }
-  CHECK_CUDA(cudaGetLastError());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const kdaguard::bench::Timed timed = kdaguard::bench::time_calls(
+      state, p.options.stream, p.sets, 1, [&](int set) { return step(p, set); });
+  if (!timed.ok) return;
 
   const double state_bytes = static_cast<double>(B) * p.slot_bytes;
   const double record_step = static_cast<double>(p.record_bytes_per_step());
@@ -348,13 +256,10 @@ void run_steps(benchmark::State& state, Path path) {
       break;
   }
   const double bytes = passes * state_bytes + record_bytes;
-  const double tbps = bytes * state.iterations() / total / 1e12;
+  kdaguard::bench::set_bandwidth_counters(state, bytes, timed);
   state.counters["state_passes"] = passes;
-  state.counters["bytes"] = bytes;
-  state.counters["TBps"] = tbps;
-  state.counters["pct_copy"] = g_copy_tbps > 0 ? 100.0 * tbps / g_copy_tbps : 0.0;
-  state.counters["us_per_step"] = 1e6 * total / state.iterations();
-  state.counters["host_us_per_step"] = 1e6 * host_total / state.iterations();
+  state.counters["us_per_step"] = 1e6 * timed.device / state.iterations();
+  state.counters["host_us_per_step"] = 1e6 * timed.host / state.iterations();
   state.counters["record_bytes_per_row"] = record_per_row;
   state.counters["scratch_bytes_per_row"] = scratch_per_row;
 }
@@ -378,32 +283,7 @@ KDAGUARD_STEP_SHAPES(BM_SpecStepFused);
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("bench_spec: no CUDA device, nothing to measure\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  {
-    const CopyCeiling copy(kCopySeed);
-    copy.median_seconds(3, kHoldNs);
-    g_copy_tbps = 2.0 * CopyCeiling::kBytes / copy.median_seconds(15, kHoldNs) / 1e12;
-  }
-  int driver = 0, runtime = 0;
-  cudaDriverGetVersion(&driver);
-  cudaRuntimeGetVersion(&runtime);
-  benchmark::AddCustomContext("gpu", prop.name);
-  benchmark::AddCustomContext("sm_count", std::to_string(prop.multiProcessorCount));
-  benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
-  benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
-  benchmark::AddCustomContext("copy_ceiling_TBps", std::to_string(g_copy_tbps));
-  std::printf("copy ceiling: %.3f TB/s (2 GiB device-to-device, read + written, median of 15)\n",
-              g_copy_tbps);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  const int status = kdaguard::bench::run_benchmarks("bench_spec", argc, argv);
   g_problem.reset();
-  return 0;
+  return status;
 }

@@ -1,4 +1,4 @@
-// Helpers of the GPU benchmarks (bench_decode.cu, bench_prefill.cu): the CUDA check, device
+// Helpers of the GPU benchmarks (bench_decode.cu, bench_spec.cu, bench_prefill.cu): the CUDA check, device
 // buffers, reproducible noise to fill them with, and the device-to-device copy both relate their
 // bandwidth to.
 //
