@@ -1,6 +1,6 @@
-// Helpers of the GPU benchmarks (bench_decode.cu, bench_spec.cu, bench_prefill.cu): the CUDA check, device
-// buffers, reproducible noise to fill them with, and the device-to-device copy both relate their
-// bandwidth to.
+// Helpers of the GPU benchmarks (bench_decode.cu, bench_spec.cu, bench_prefill.cu): the CUDA
+// check, device buffers, reproducible noise to fill them with, and the device-to-device copy they
+// relate their bandwidth to.
 //
 // Each benchmark binary is this header plus one .cu file (bench/CMakeLists.txt), so the kernels
 // here are plain definitions: nvcc ignores `inline` on a __global__ function (with a warning), and
