@@ -86,7 +86,7 @@ DeviceImage upload(const HostProblem& p) {
     image.bases.push_back(reinterpret_cast<std::uint64_t>(image.base + image.offsets[i]));
   }
   cuda_ok(cudaMemcpy(image.base, host.data(), image.extent, cudaMemcpyHostToDevice), "upload");
-  image.guard = gputest::make_guard(arena(), std::max<i64>(p.spec.rows() + p.spec.extra_index_entries, 1));
+  image.guard = gputest::make_guard(arena(), std::max<i64>(p.plan.rows() + p.plan.extra_index_entries, 1));
   return image;
 }
 
@@ -123,20 +123,20 @@ std::uint64_t run_on_device(const HostProblem& p, const AnyCall& call, const Dev
   options.chunks_per_block = chunks_per_block;
   const Status status = run_entry(p.relocated(call, kGpu, image.bases), options);
   if (!status.ok())
-    fuzz_failure(fmt::format("{} refused on the GPU: {}\n{}", what, to_string(status), describe(p.spec)));
+    fuzz_failure(fmt::format("{} refused on the GPU: {}\n{}", what, to_string(status), describe(p.plan)));
   cuda_ok(cudaDeviceSynchronize(), std::string(what).c_str());
   return gputest::read_error_word(image.guard);
 }
 
 // ---- tolerances ---------------------------------------------------------------------------------
 
-double tolerance(const ProblemSpec& s) {
+double tolerance(const CallPlan& s) {
   if (s.state_dtype == DType::bf16) return 1e-2;
   const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 && s.beta_dtype == DType::f32;
   return all_f32 ? 1e-5 : 5e-3;
 }
 
-void expect_close(const ProblemSpec& s, const char* what, const std::vector<double>& got,
+void expect_close(const CallPlan& s, const char* what, const std::vector<double>& got,
                   const std::vector<double>& want) {
   const ErrorStats e = reference::compare(got, want);
   if (!e.pass(tolerance(s)))
@@ -144,7 +144,7 @@ void expect_close(const ProblemSpec& s, const char* what, const std::vector<doub
                              e.to_string(), tolerance(s), describe(s)));
 }
 
-void expect_identical(const ProblemSpec& s, const char* what, const std::vector<double>& got,
+void expect_identical(const CallPlan& s, const char* what, const std::vector<double>& got,
                       const std::vector<double>& want) {
   for (std::size_t i = 0; i < got.size(); ++i)
     if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))))
@@ -152,15 +152,15 @@ void expect_identical(const ProblemSpec& s, const char* what, const std::vector<
                                got[i], want[i], describe(s)));
 }
 
-void expect_status(const Status& s, const ProblemSpec& spec, const char* what) {
+void expect_status(const Status& s, const CallPlan& spec, const char* what) {
   if (!s.ok()) fuzz_failure(fmt::format("{}: {}\n{}", what, to_string(s), describe(spec)));
 }
 
 // ---- conformance --------------------------------------------------------------------------------
 
 void check_conformance(const GpuCase& c) {
-  HostProblem p = materialize(c.spec, c.data_seed);
-  const ProblemSpec& s = p.spec;
+  HostProblem p = materialize(c.plan, c.data_seed);
+  const CallPlan& s = p.plan;
   p.poison_outputs();
   const Snapshot before = p.snapshot();
   const DeviceImage image = upload(p);
@@ -261,14 +261,14 @@ Arg slot_map_of(Entry e) { return e == Entry::prefill ? Arg::initial_state_indic
 // The rows the host's value rules reject for these values: each row's own faults (row_rules.h,
 // the code the validators and the device guard share) and index.unique, worked out here apart:
 // a row whose slot another row uses, or one of whose scratch steps another step names.
-std::vector<bool> faulty_rows(const ProblemSpec& s, const IndexValues& v) {
+std::vector<bool> faulty_rows(const CallPlan& s, const IndexValues& v) {
   using row_rules::HostIndex;
   auto index = [&](Arg a, i64 row_stride = 0) -> HostIndex {
     const auto it = v.find(a);
     return it == v.end() ? HostIndex{} : HostIndex{it->second.data(), row_stride, true};
   };
-  const i64 N = s.rows(), S = s.pool_slots, T = s.draft_tokens;
-  const i64 scratch_slots = s.scratch_rows * s.scratch_steps;
+  const i64 N = s.rows(), S = s.slots, T = s.T;
+  const i64 scratch_slots = s.S_spec * s.T_alloc;
   const HostIndex slots = index(slot_map_of(s.entry)), cu = index(Arg::cu_seqlens);
   const HostIndex scratch = index(Arg::scratch_indices, T);
   const HostIndex row_map = scratch.known() ? HostIndex{} : index(Arg::scratch_row_map);
@@ -312,7 +312,7 @@ std::vector<bool> faulty_rows(const ProblemSpec& s, const IndexValues& v) {
 }
 
 // Whether row n reads the same index values in a and b.
-bool row_unchanged(const ProblemSpec& s, const IndexValues& a, const IndexValues& b, i64 n) {
+bool row_unchanged(const CallPlan& s, const IndexValues& a, const IndexValues& b, i64 n) {
   auto same = [&](Arg arg, i64 i) {
     const auto x = a.find(arg), y = b.find(arg);
     return x == a.end() || x->second[static_cast<std::size_t>(i)] == y->second[static_cast<std::size_t>(i)];
@@ -320,17 +320,17 @@ bool row_unchanged(const ProblemSpec& s, const IndexValues& a, const IndexValues
   bool equal = same(slot_map_of(s.entry), n) && same(Arg::cu_seqlens, n) && same(Arg::cu_seqlens, n + 1) &&
                same(Arg::scratch_row_map, n) && same(Arg::accepted, n);
   if (a.count(Arg::scratch_indices))
-    for (i64 t = 0; t < s.draft_tokens; ++t) equal = equal && same(Arg::scratch_indices, n * s.draft_tokens + t);
+    for (i64 t = 0; t < s.T; ++t) equal = equal && same(Arg::scratch_indices, n * s.T + t);
   return equal;
 }
 
-void apply_plant(const Plant& p, const ProblemSpec& s, IndexValues& v) {
-  const i64 N = s.rows(), T = s.draft_tokens, m = p.magnitude;
+void apply_plant(const Plant& p, const CallPlan& s, IndexValues& v) {
+  const i64 N = s.rows(), T = s.T, m = p.magnitude;
   const i64 other = p.other_row != p.row ? p.other_row : (p.row + 1) % N;
   std::vector<i64>& slots = v.at(slot_map_of(s.entry));
   switch (p.kind) {
     case PlantKind::slot_out_of_range:
-      slots[p.row] = bad_value(s.entry == Entry::prefill ? 0 : -1, s.pool_slots, m);
+      slots[p.row] = bad_value(s.entry == Entry::prefill ? 0 : -1, s.slots, m);
       break;
     case PlantKind::slot_repeated: slots[other] = slots[p.row]; break;
     case PlantKind::slot_padding: slots[p.row] = -1; break;
@@ -350,7 +350,7 @@ void apply_plant(const Plant& p, const ProblemSpec& s, IndexValues& v) {
     }
     case PlantKind::accepted_past_draft: v.at(Arg::accepted)[p.row] = m % 2 ? T + 1 + m : -1 - m; break;
     case PlantKind::scratch_out_of_range:
-      v.at(Arg::scratch_indices)[p.row * T + p.step] = bad_value(-1, s.scratch_rows * s.scratch_steps, m);
+      v.at(Arg::scratch_indices)[p.row * T + p.step] = bad_value(-1, s.S_spec * s.T_alloc, m);
       break;
     case PlantKind::scratch_repeated: {
       std::vector<i64>& flat = v.at(Arg::scratch_indices);
@@ -361,7 +361,7 @@ void apply_plant(const Plant& p, const ProblemSpec& s, IndexValues& v) {
     case PlantKind::row_map_permuted: v.at(Arg::scratch_row_map)[p.row] = p.row + 1 + m; break;
     case PlantKind::junk_past_rows: {
       const i64 i = N + p.row % s.extra_index_entries;
-      slots[i] = bad_value(-1, s.pool_slots, m);
+      slots[i] = bad_value(-1, s.slots, m);
       if (v.count(Arg::scratch_row_map)) v.at(Arg::scratch_row_map)[i] = 1000 + m;
       break;
     }
@@ -375,11 +375,11 @@ IndexValues planted_values(const GpuCase& c, const IndexValues& original) {
   IndexValues v = original;
   for (const Plant& p : c.plants) {
     IndexValues next = v;
-    apply_plant(p, c.spec, next);
-    const std::vector<bool> faulty = faulty_rows(c.spec, next);
+    apply_plant(p, c.plan, next);
+    const std::vector<bool> faulty = faulty_rows(c.plan, next);
     bool keep = true;
-    for (i64 n = 0; n < c.spec.rows(); ++n)
-      keep = keep && (faulty[static_cast<std::size_t>(n)] || row_unchanged(c.spec, next, original, n));
+    for (i64 n = 0; n < c.plan.rows(); ++n)
+      keep = keep && (faulty[static_cast<std::size_t>(n)] || row_unchanged(c.plan, next, original, n));
     if (keep) v = std::move(next);
   }
   return v;
@@ -387,10 +387,10 @@ IndexValues planted_values(const GpuCase& c, const IndexValues& original) {
 
 // What the healthy rows write, derived from the spec like HostProblem::written_regions(), per row.
 std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<bool>& faulty) {
-  const ProblemSpec& s = p.spec;
+  const CallPlan& s = p.plan;
   std::vector<TensorView> regions;
   std::vector<i64> cu{0};
-  for (i64 len : s.seq_lens) cu.push_back(cu.back() + len);
+  for (i64 len : s.row_lengths) cu.push_back(cu.back() + len);
   auto tokens = [&](const TensorView& out, i64 n) {
     for (i64 t = cu[n]; t < cu[n + 1]; ++t) regions.push_back(slice_rows(out, t, 1));
   };
@@ -401,25 +401,25 @@ std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<
       case Entry::decode: {
         const auto& c = std::get<DecodeCall>(p.call);
         tokens(*c.out, n);
-        if (s.slots[n] >= 0) slot(*c.state, s.slots[n]);
+        if (s.slot_of_row[n] >= 0) slot(*c.state, s.slot_of_row[n]);
         break;
       }
       case Entry::prefill: {
         const auto& c = std::get<PrefillCall>(p.call);
         tokens(*c.out, n);
-        if (s.seq_lens[n] > 0) slot(*c.initial_state, s.slots[n]);
+        if (s.row_lengths[n] > 0) slot(*c.initial_state, s.slot_of_row[n]);
         break;
       }
       case Entry::verify:
         tokens(*p.verify->out, n);
-        if (s.slots[n] < 0) break;
-        for (i64 t = 0; t < s.seq_lens[n]; ++t) {
-          const i64 flat = scratch_slot(s, static_cast<std::size_t>(n), t);
+        if (s.slot_of_row[n] < 0) break;
+        for (i64 t = 0; t < s.row_lengths[n]; ++t) {
+          const i64 flat = s.scratch_slot(n, t);
           if (flat >= 0) slot(*p.verify->scratch, flat);
         }
         break;
       case Entry::commit:
-        if (s.slots[n] >= 0 && s.accepted[n] > 0) slot(*p.commit->state, s.slots[n]);
+        if (s.slot_of_row[n] >= 0 && s.accepted[n] > 0) slot(*p.commit->state, s.slot_of_row[n]);
         break;
       case Entry::record_verify:
       case Entry::replay_commit:
@@ -442,8 +442,8 @@ template <class F> void for_each_element_offset(const TensorView& t, F&& f) {
 }
 
 void check_planted(const GpuCase& c) {
-  HostProblem p = materialize(c.spec, c.data_seed);
-  const ProblemSpec& s = p.spec;
+  HostProblem p = materialize(c.plan, c.data_seed);
+  const CallPlan& s = p.plan;
   const IndexValues original = read_index_values(p.call);
   const IndexValues planted = planted_values(c, original);
   const std::vector<bool> faulty = faulty_rows(s, planted);
@@ -465,7 +465,7 @@ void check_planted(const GpuCase& c) {
                              host.accepted() ? "accepted" : describe(host), describe(s)));
 
   // The reference of the problem before planting: what the healthy rows must produce.
-  HostProblem ref = materialize(c.spec, c.data_seed);
+  HostProblem ref = materialize(c.plan, c.data_seed);
   ref.poison_outputs();
   expect_status(reference::run(ref.call), s, "reference");
 

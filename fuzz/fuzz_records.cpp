@@ -53,13 +53,13 @@ void check_contracts(const RecordsCase& c) {
                                  rule_id(c.mutation->rule), describe(verdict), shown()));
 }
 
-void expect_ok(const Status& status, const ProblemSpec& spec, const char* what) {
+void expect_ok(const Status& status, const CallPlan& spec, const char* what) {
   if (!status.ok())
     fuzz_failure(fmt::format("{} refused a valid problem: {}\n{}", what, to_string(status), describe(spec)));
 }
 
 void check_reference(const RecordsCase& c) {
-  const ProblemSpec& s = c.spec;
+  const CallPlan& s = c.plan;
   RecordProblem p = materialize_records(s, c.data_seed, c.layout);
   const Snapshot fresh = p.host.snapshot();
   DecodeTrace trace;
@@ -83,12 +83,12 @@ void check_reference(const RecordsCase& c) {
   if (const auto poisoned = still_poisoned(verify_writes))
     fuzz_failure("record_verify: " + *poisoned + "\n" + describe(s));
   i64 first = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    for (i64 t = 0; s.slots[n] >= 0 && t < s.seq_lens[n]; ++t)
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    for (i64 t = 0; s.slot_of_row[n] >= 0 && t < s.row_lengths[n]; ++t)
       if (read_floats(slice_rows(*p.host.verify->out, first + t, 1)) != trace.out[n][t])
         fuzz_failure(fmt::format("record_verify row {} step {}: output differs from decoding the "
                                  "token\n{}", n, t, describe(s)));
-    first += s.seq_lens[n];
+    first += s.row_lengths[n];
   }
 
   // replay_commit: the state-writing commit's slots within the tolerance, nothing else written.

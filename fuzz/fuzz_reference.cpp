@@ -1,4 +1,4 @@
-// fuzz_reference: bytes -> a small valid host problem (ProblemSpec, real buffers, random
+// fuzz_reference: bytes -> a small valid host problem (CallPlan, real buffers, random
 // non-zero data) -> the f64 CPU reference. Invariants:
 //   - prefill: the chunked form (f64, any chunk size, either inverse) equals the per-token
 //     recurrence to 1e-10 (rms ratio), and the f32 chunked form to 1e-5 (kda-math.md);
@@ -24,7 +24,7 @@ namespace {
 
 using i64 = std::int64_t;
 
-void expect_ok(const Status& status, const ProblemSpec& spec, const char* what) {
+void expect_ok(const Status& status, const CallPlan& spec, const char* what) {
   if (!status.ok())
     fuzz_failure(fmt::format("{} refused a valid problem: {}\n{}", what, to_string(status), describe(spec)));
 }
@@ -32,9 +32,9 @@ void expect_ok(const Status& status, const ProblemSpec& spec, const char* what) 
 void check_prefill(HostProblem& problem, const reference::ChunkOptions options) {
   const auto& call = std::get<PrefillCall>(problem.call);
   const reference::PrefillResult per_token = reference::prefill_values(call);
-  expect_ok(per_token.status, problem.spec, "prefill_values");
+  expect_ok(per_token.status, problem.plan, "prefill_values");
   auto compare_with = [&](const reference::PrefillResult& chunked, double tolerance, const char* form) {
-    expect_ok(chunked.status, problem.spec, form);
+    expect_ok(chunked.status, problem.plan, form);
     const auto out = reference::compare(chunked.values.out, per_token.values.out);
     const auto state = reference::compare(chunked.values.final_state, per_token.values.final_state);
     if (!out.pass(tolerance) || !state.pass(tolerance))
@@ -42,7 +42,7 @@ void check_prefill(HostProblem& problem, const reference::ChunkOptions options) 
                                "final state {}\n{}",
                                form, options.chunk,
                                options.inverse == reference::ChunkInverse::neumann_product ? "neumann" : "substitution",
-                               tolerance, out.to_string(), state.to_string(), describe(problem.spec)));
+                               tolerance, out.to_string(), state.to_string(), describe(problem.plan)));
   };
   compare_with(reference::prefill_chunked_values<double>(call, options), 1e-10, "chunked f64");
   if (options.chunk == 16 || options.chunk == 64)
@@ -51,19 +51,19 @@ void check_prefill(HostProblem& problem, const reference::ChunkOptions options) 
   // The rounded entry point writes only out and the sequences' slots.
   problem.poison_outputs();
   const Snapshot before = problem.snapshot();
-  expect_ok(reference::prefill(call), problem.spec, "prefill");
+  expect_ok(reference::prefill(call), problem.plan, "prefill");
   if (const auto where = problem.unexpected_writes(before))
-    fuzz_failure("prefill wrote outside its outputs: " + *where + "\n" + describe(problem.spec));
+    fuzz_failure("prefill wrote outside its outputs: " + *where + "\n" + describe(problem.plan));
 }
 
 DecodeTrace decode_each_token(HostProblem& problem) {
   DecodeTrace trace;
-  expect_ok(support::decode_each_token(problem, trace), problem.spec, "decode");
+  expect_ok(support::decode_each_token(problem, trace), problem.plan, "decode");
   return trace;
 }
 
 void check_speculative(HostProblem& problem) {
-  const ProblemSpec& s = problem.spec;
+  const CallPlan& s = problem.plan;
   const Snapshot fresh = problem.snapshot();
   const DecodeTrace trace = decode_each_token(problem);
   problem.restore(fresh);
@@ -93,8 +93,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider bytes(data, size);
   FuzzChooser choose(bytes);
   const ReferenceCase c = draw_reference_case(choose);
-  HostProblem problem = materialize(c.spec, c.data_seed);
-  if (c.spec.entry == kdaguard::Entry::prefill) check_prefill(problem, c.chunk);
+  HostProblem problem = materialize(c.plan, c.data_seed);
+  if (c.plan.entry == kdaguard::Entry::prefill) check_prefill(problem, c.chunk);
   else check_speculative(problem);
   return 0;
 }

@@ -45,7 +45,7 @@ struct Plant {
 
 struct GpuCase {
   GpuMode mode = GpuMode::conformance;
-  ProblemSpec spec;
+  CallPlan plan;
   std::uint64_t data_seed = 0;
   int chunks_per_block = 0;  // LaunchOptions tuning; results must not depend on it
   std::vector<Plant> plants;
@@ -67,14 +67,14 @@ namespace gpu_case_detail {
 
 inline constexpr std::int64_t kGpuLengths[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129};
 
-inline std::vector<PlantKind> plant_kinds(const ProblemSpec& s) {
+inline std::vector<PlantKind> plant_kinds(const CallPlan& s) {
   using K = PlantKind;
   std::vector<PlantKind> kinds{K::slot_out_of_range};
   const bool several = s.rows() >= 2;
   if (several) kinds.push_back(K::slot_repeated);
   switch (s.entry) {
     case Entry::decode:
-      if (s.decode_cu_seqlens) kinds.insert(kinds.end(), {K::cu_start, K::cu_order, K::cu_end});
+      if (s.cu_seqlens) kinds.insert(kinds.end(), {K::cu_start, K::cu_order, K::cu_end});
       break;
     case Entry::prefill:
       kinds.insert(kinds.end(), {K::slot_padding, K::cu_start, K::cu_end});
@@ -82,15 +82,15 @@ inline std::vector<PlantKind> plant_kinds(const ProblemSpec& s) {
       break;
     case Entry::verify:
     case Entry::commit:
-      if (s.entry == Entry::verify || s.commit_cu_seqlens) {
+      if (s.entry == Entry::verify || s.cu_seqlens) {
         kinds.insert(kinds.end(), {K::cu_start, K::cu_end});
         if (several) kinds.push_back(K::cu_order);
       }
       if (s.entry == Entry::commit) kinds.push_back(K::accepted_past_draft);
-      if (s.scratch_indices) {
+      if (s.explicit_scratch_indices) {
         kinds.push_back(K::scratch_out_of_range);
         kinds.push_back(K::scratch_repeated);
-      } else if (s.scratch_row_map) {
+      } else if (s.row_map) {
         kinds.push_back(K::row_map_permuted);
       }
       if (s.extra_index_entries > 0) kinds.push_back(K::junk_past_rows);
@@ -117,14 +117,14 @@ inline GpuCase draw_gpu_case(GpuMode mode, Chooser& c) {
   GpuCase g;
   g.mode = mode;
   const Entry entry = c.element(kEntries);
-  g.spec = reference_case_detail::draw_spec_for(entry, c, gpu_spec_limits());
+  g.plan = reference_case_detail::draw_spec_for(entry, c, gpu_spec_limits());
   g.data_seed = static_cast<std::uint64_t>(c.pick(0, std::int64_t{1} << 30));
   g.chunks_per_block = static_cast<int>(c.pick(0, 9));
   if (mode != GpuMode::planted) return g;
-  g.spec.host_values = false;  // the device alone sees the values
-  const std::vector<PlantKind> kinds = gpu_case_detail::plant_kinds(g.spec);
+  g.plan.set_all_values(false);  // the device alone sees the values
+  const std::vector<PlantKind> kinds = gpu_case_detail::plant_kinds(g.plan);
   const std::int64_t count = c.pick(1, 3);
-  const std::int64_t rows = g.spec.rows(), T = std::max<std::int64_t>(g.spec.draft_tokens, 1);
+  const std::int64_t rows = g.plan.rows(), T = std::max<std::int64_t>(g.plan.T, 1);
   for (std::int64_t i = 0; i < count; ++i) {
     Plant p{c.element(std::span<const PlantKind>(kinds))};
     p.row = c.pick(0, rows - 1);

@@ -24,7 +24,7 @@ struct RecordsCase {
   const RecordMutation* mutation = nullptr;
   int edits = 0;
   // reference
-  ProblemSpec spec;
+  CallPlan plan;
   std::uint64_t data_seed = 0;
   RecordLayout layout;
 };
@@ -36,7 +36,7 @@ inline RecordsCase draw_records_case(Chooser& c) {
   RecordsCase rc;
   rc.mode = c.coin() ? RecordsMode::reference : RecordsMode::contracts;
   if (rc.mode == RecordsMode::reference) {
-    rc.spec = reference_case_detail::draw_spec_for(Entry::commit, c, {});
+    rc.plan = reference_case_detail::draw_spec_for(Entry::commit, c, {});
     rc.data_seed = static_cast<std::uint64_t>(c.pick(0, std::int64_t{1} << 30));
     rc.layout = {c.pick(0, 2), c.pick(0, 2), c.pick(0, 1), c.pick(0, 2)};
     return rc;

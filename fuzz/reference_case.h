@@ -1,5 +1,5 @@
 // How fuzz_reference turns its choices into a problem (shared with the seed writer): a small
-// valid ProblemSpec of prefill, verify or commit, the seed of its random data, and for prefill
+// valid CallPlan of prefill, verify or commit, the seed of its random data, and for prefill
 // the chunked form to compare. Every choice is made here, before any work. fuzz_gpu draws its
 // specs with the same code (draw_spec_for, larger limits, decode too).
 #pragma once
@@ -16,7 +16,7 @@
 namespace kdaguard::support {
 
 struct ReferenceCase {
-  ProblemSpec spec;
+  CallPlan plan;
   std::uint64_t data_seed = 0;
   reference::ChunkOptions chunk;  // prefill: the chunked form compared with the per-token one
 };
@@ -48,86 +48,87 @@ struct SpecLimits {
 inline constexpr i64 kReferenceLengths[] = {0, 1, 15, 16, 17, 31, 32, 33};
 
 // A valid spec of entry point `entry`.
-inline ProblemSpec draw_spec_for(Entry entry, Chooser& c, const SpecLimits& limits) {
-  ProblemSpec s;
+inline CallPlan draw_spec_for(Entry entry, Chooser& c, const SpecLimits& limits) {
+  CallPlan s;
   s.entry = entry;
   s.K = c.one_in(4) ? 128 : 64;
   s.V = c.one_in(4) ? 128 : 64;
-  s.H = static_cast<int>(c.pick(1, 2));
+  s.H = c.pick(1, 2);
   s.HV = s.H * (c.coin() ? 2 : 1);
   static constexpr DType kIo[] = {DType::f32, DType::bf16, DType::f16};
   s.io_dtype = c.element(kIo);
   s.state_dtype = c.coin() ? DType::bf16 : DType::f32;
   static constexpr GateKind kGates[] = {GateKind::softplus, GateKind::bounded, GateKind::activated};
-  s.gate_kind = c.element(kGates);
-  s.gate_dtype = s.gate_kind == GateKind::activated && c.coin() ? DType::f32 : s.io_dtype;
-  s.beta_kind = c.coin() ? BetaKind::activated : BetaKind::logits;
+  const GateKind gate = c.element(kGates);
+  s.gate_dtype = gate == GateKind::activated && c.coin() ? DType::f32 : s.io_dtype;
+  s.beta_logits = !c.coin();
   s.beta_dtype = c.coin() ? s.io_dtype : DType::f32;
   s.use_qk_l2norm = c.coin();
   static constexpr double kScales[] = {0.0, 1.0, 0.5, 0.1};
   const double scale = c.element(kScales);
   if (scale > 0) s.scale = scale;
   static constexpr double kBounds[] = {-5.0, -3.0, -1.0, -0.25};
-  s.lower_bound = c.element(kBounds);
+  s.set_gate_kind(gate, c.element(kBounds));
   s.dt_bias = c.coin();
   static constexpr double kStrong[] = {0.0, 0.05, 0.5};
   s.strong_decay_fraction = c.element(kStrong);
-  static constexpr i64 kSlotPads[] = {0, 16, 48};
-  s.slot_pad = c.element(kSlotPads);
-  s.state_offset_32B = c.pick(0, 3);
+  static constexpr i64 kSlotPads[] = {0, 1, 3};  // 16-element units, the pool's and the scratch's
+  s.slot_pad = s.step_pad = c.element(kSlotPads);
+  s.pool_offset = c.pick(0, 3);
   s.packed_qkv = c.coin();
-  s.token_pad_16B = c.pick(0, 2);
-  s.host_values = c.coin();
+  s.row_pad = c.pick(0, 2);
+  s.set_all_values(c.coin());
 
   if (s.entry == Entry::decode) {
     const i64 B = c.pick(1, limits.max_decode_rows);
-    s.seq_lens.assign(static_cast<std::size_t>(B), 1);
-    s.pool_slots = B + c.pick(0, 2);
-    s.slots = injection(B, s.pool_slots, c);
-    for (auto& slot : s.slots)
+    s.row_lengths.assign(static_cast<std::size_t>(B), 1);
+    s.slots = B + c.pick(0, 2);
+    s.slot_of_row = injection(B, s.slots, c);
+    for (auto& slot : s.slot_of_row)
       if (c.one_in(4)) slot = -1;
-    s.decode_cu_seqlens = c.coin();
+    s.cu_seqlens = c.coin();
     return s;
   }
   const i64 n = c.pick(1, limits.max_rows);
   if (s.entry == Entry::prefill) {
     for (i64 r = 0; r < n; ++r)
-      s.seq_lens.push_back(c.coin() ? c.element(limits.prefill_lengths)
+      s.row_lengths.push_back(c.coin() ? c.element(limits.prefill_lengths)
                                     : c.pick(0, limits.max_prefill_length));
-    s.pool_slots = n + c.pick(0, 2);
-    s.slots = injection(n, s.pool_slots, c);
-    s.cu_seqlens_dtype = c.coin() ? DType::i64 : DType::i32;
-    s.extra_gate_rows = c.pick(0, 2);
+    s.slots = n + c.pick(0, 2);
+    s.slot_of_row = injection(n, s.slots, c);
+    s.cu_dtype = c.coin() ? DType::i64 : DType::i32;
+    s.extra_token_rows = c.pick(0, 2);
     return s;
   }
-  s.draft_tokens = c.pick(1, limits.max_draft_tokens);
-  const i64 T = s.draft_tokens;
-  s.scratch_steps = T + c.pick(0, 2);
-  for (i64 r = 0; r < n; ++r) s.seq_lens.push_back(c.pick(0, T));
-  s.pool_slots = n + c.pick(0, 2);
-  s.slots = injection(n, s.pool_slots, c);
-  for (auto& slot : s.slots)
+  s.T = c.pick(1, limits.max_draft_tokens);
+  const i64 T = s.T;
+  s.T_alloc = T + c.pick(0, 2);
+  for (i64 r = 0; r < n; ++r) s.row_lengths.push_back(c.pick(0, T));
+  s.slots = n + c.pick(0, 2);
+  s.slot_of_row = injection(n, s.slots, c);
+  for (auto& slot : s.slot_of_row)
     if (c.one_in(4)) slot = -1;
   s.extra_index_entries = c.pick(0, 2);
-  s.scratch_rows = n + s.extra_index_entries + c.pick(0, 2);
+  s.S_spec = n + s.extra_index_entries + c.pick(0, 2);
   if (c.coin()) {
-    std::vector<i64> flat = injection(n * T, s.scratch_rows * s.scratch_steps, c);
+    std::vector<i64> flat = injection(n * T, s.S_spec * s.T_alloc, c);
     for (auto& f : flat)
       if (c.one_in(6)) f = -1;
+    s.explicit_scratch_indices = true;
     s.scratch_indices = flat;
-    s.scratch_row_map = c.coin();
+    s.row_map = c.coin();
   }
   for (i64 r = 0; r < n; ++r) {
-    i64 a = c.pick(0, s.seq_lens[r]);
-    while (a > 0 && s.scratch_indices && (*s.scratch_indices)[r * T + a - 1] < 0) --a;
+    i64 a = c.pick(0, s.row_lengths[r]);
+    while (a > 0 && s.scratch_slot(r, a - 1) < 0) --a;
     s.accepted.push_back(a);
   }
-  s.commit_cu_seqlens = c.coin();
+  s.cu_seqlens = c.coin();
   return s;
 }
 
 // fuzz_reference's spec: prefill, verify or commit at the default limits.
-inline ProblemSpec draw_spec(Chooser& c) {
+inline CallPlan draw_spec(Chooser& c) {
   static constexpr Entry kEntries[] = {Entry::prefill, Entry::verify, Entry::commit};
   const Entry entry = c.element(kEntries);
   return draw_spec_for(entry, c, SpecLimits{.prefill_lengths = kReferenceLengths});

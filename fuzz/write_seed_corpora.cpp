@@ -230,7 +230,7 @@ void write_reference(const fs::path& dir) {
       ScriptedChooser scripted({entry}, random);
       RecordingChooser record(scripted);
       const ReferenceCase c = draw_reference_case(record);
-      write_file(dir / fmt::format("{}_{}", entry_name(c.spec.entry), seed), record.bytes());
+      write_file(dir / fmt::format("{}_{}", entry_name(c.plan.entry), seed), record.bytes());
       ++files;
     }
   }
@@ -253,7 +253,7 @@ void write_gpu(const fs::path& dir) {
         const std::vector<std::uint8_t> choices = record.bytes();
         bytes.insert(bytes.end(), choices.begin(), choices.end());
         write_file(dir / fmt::format("{}_{}_{}", mode == GpuMode::planted ? "planted" : "conformance",
-                                     entry_name(c.spec.entry), seed),
+                                     entry_name(c.plan.entry), seed),
                    bytes);
         ++files;
       }

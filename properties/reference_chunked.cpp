@@ -21,7 +21,7 @@ namespace {
 using reference::ChunkInverse;
 using reference::ChunkOptions;
 using reference::compare;
-using support::ProblemSpec;
+using support::CallPlan;
 
 // What a prefill that computed `values` leaves in out and in the pool (`pool`: the pool's
 // elements before the call, row-major [S, HV, V, K]): every out element, and the slot of every
@@ -29,15 +29,15 @@ using support::ProblemSpec;
 struct Written {
   std::vector<double> out, pool;
 };
-Written written_from(const ProblemSpec& spec, const reference::PrefillValues& values,
+Written written_from(const CallPlan& spec, const reference::PrefillValues& values,
                      std::vector<double> pool) {
   Written w;
   w.out.reserve(values.out.size());
   for (const double x : values.out) w.out.push_back(numeric::round_to(spec.io_dtype, x));
   const std::size_t per_slot = static_cast<std::size_t>(spec.HV) * spec.V * spec.K;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
-    if (spec.seq_lens[n] == 0) continue;
-    const std::size_t slot = static_cast<std::size_t>(spec.slots[n]);
+  for (std::size_t n = 0; n < spec.row_lengths.size(); ++n) {
+    if (spec.row_lengths[n] == 0) continue;
+    const std::size_t slot = static_cast<std::size_t>(spec.slot_of_row[n]);
     for (std::size_t e = 0; e < per_slot; ++e)
       pool[slot * per_slot + e] =
           numeric::round_to(spec.state_dtype, values.final_state[n * per_slot + e]);
@@ -63,7 +63,7 @@ struct ChunkedVsPerToken {
 // One problem, the per-token f64 values, then the chunked form in each Real asked for.
 class Comparison {
  public:
-  explicit Comparison(const ProblemSpec& spec)
+  explicit Comparison(const CallPlan& spec)
       : problem_(support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>())),
         per_token_(reference::prefill_values(call())) {
     RC_ASSERT(per_token_.status.ok());
@@ -93,7 +93,7 @@ ChunkOptions draw_options() {
 }
 
 RC_GTEST_PROP(ReferenceChunked, F64ChunkedEqualsPerTokenTo1e12, ()) {
-  const ProblemSpec spec = *support::gen_prefill_spec();
+  const CallPlan spec = *support::gen_prefill_problem();
   const ChunkOptions options = draw_options();
   const ChunkedVsPerToken e = Comparison(spec).chunked<double>(options);
   RC_LOG() << "out " << e.out.to_string() << "; state " << e.state.to_string() << "\n";
@@ -104,7 +104,7 @@ RC_GTEST_PROP(ReferenceChunked, F64ChunkedEqualsPerTokenTo1e12, ()) {
 }
 
 RC_GTEST_PROP(ReferenceChunked, F32ChunkedWithin1e5OfF64PerToken, ()) {
-  const ProblemSpec spec = *support::gen_prefill_spec();
+  const CallPlan spec = *support::gen_prefill_problem();
   const ChunkOptions options = draw_options();
   const ChunkedVsPerToken e = Comparison(spec).chunked<float>(options);
   RC_LOG() << "out " << e.out.to_string() << "; state " << e.state.to_string() << "\n";
@@ -115,12 +115,12 @@ RC_GTEST_PROP(ReferenceChunked, F32ChunkedWithin1e5OfF64PerToken, ()) {
 // Per-token decays of -1000 (and far below) under the unbounded softplus gate, and the bounded
 // gate at lower_bound -5 over whole 64-token chunks: every value stays finite and right.
 RC_GTEST_PROP(ReferenceChunked, ExtremeDecaysStayFiniteAndRight, ()) {
-  ProblemSpec spec = *support::gen_prefill_spec();
-  spec.gate_kind = *rc::gen::resize(100, rc::gen::inRange(0, 3)) == 0 ? GateKind::bounded
-                   : *rc::gen::arbitrary<bool>()                       ? GateKind::softplus
-                                                                       : GateKind::activated;
-  if (spec.gate_kind != GateKind::activated) spec.gate_dtype = spec.io_dtype;
-  spec.lower_bound = -5.0;
+  CallPlan spec = *support::gen_prefill_problem();
+  spec.set_gate_kind(*rc::gen::resize(100, rc::gen::inRange(0, 3)) == 0 ? GateKind::bounded
+                     : *rc::gen::arbitrary<bool>()                       ? GateKind::softplus
+                                                                         : GateKind::activated,
+                     -5.0);
+  if (spec.raw_gate) spec.gate_dtype = spec.io_dtype;
   spec.strong_decay_fraction = 0.3;
   const ChunkOptions options = draw_options();
   const Comparison comparison(spec);
@@ -140,7 +140,7 @@ RC_GTEST_PROP(ReferenceChunked, ExtremeDecaysStayFiniteAndRight, ()) {
 // (about 1e-16 absolute for O(1) states), which is more than one f32 ulp of an element that a sum
 // cancels to near zero (a state element of -1.02e-9 has an f32 spacing of 1.1e-16).
 RC_GTEST_PROP(ReferenceChunked, WritesLikePrefill, ()) {
-  const ProblemSpec spec = *support::gen_prefill_spec();
+  const CallPlan spec = *support::gen_prefill_problem();
   const ChunkOptions options = draw_options();
   support::HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const auto& call = std::get<PrefillCall>(problem.call);
@@ -174,10 +174,10 @@ RC_GTEST_PROP(ReferenceChunked, WritesLikePrefill, ()) {
 }
 
 TEST(ReferenceChunked, RefusesOptionsItCannotRun) {
-  ProblemSpec spec;
+  CallPlan spec;
   spec.entry = Entry::prefill;
-  spec.seq_lens = {20};
-  spec.slots = {0};
+  spec.row_lengths = {20};
+  spec.slot_of_row = {0};
   const support::HostProblem problem = support::materialize(spec, 7);
   const auto& call = std::get<PrefillCall>(problem.call);
   const support::Snapshot before = problem.snapshot();

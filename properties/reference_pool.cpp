@@ -21,11 +21,11 @@ namespace kdaguard {
 namespace {
 
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 
-rc::Gen<ProblemSpec> gen_any_spec() {
+rc::Gen<CallPlan> gen_any_spec() {
   return rc::gen::mapcat(rc::gen::resize(100, rc::gen::inRange(0, 4)),
-                         [](int e) { return support::gen_spec(static_cast<Entry>(e)); });
+                         [](int e) { return support::gen_problem(static_cast<Entry>(e)); });
 }
 
 // The rms-ratio tolerance for a value that went through `dtype` once more than its counterpart.
@@ -61,24 +61,24 @@ struct PrefillPart {
   support::Allocation cu_buffer, slot_buffer;
 };
 
-std::unique_ptr<PrefillPart> prefill_part(const PrefillCall& whole, const ProblemSpec& s,
+std::unique_ptr<PrefillPart> prefill_part(const PrefillCall& whole, const CallPlan& s,
                                           std::int64_t first, std::int64_t last) {
   std::vector<std::int64_t> cu{0}, slots;
   std::int64_t begin = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    const std::int64_t end = begin + s.seq_lens[n];
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    const std::int64_t end = begin + s.row_lengths[n];
     // A sequence of length 0 goes with the part it sits in; at the very end of the tokens it is
     // in neither (it runs nothing either way).
-    const bool overlaps = s.seq_lens[n] == 0 ? begin >= first && begin < last
+    const bool overlaps = s.row_lengths[n] == 0 ? begin >= first && begin < last
                                              : begin < last && end > first;
     if (overlaps) {
       cu.push_back(cu.back() + std::min(end, last) - std::max(begin, first));
-      slots.push_back(s.slots[n]);
+      slots.push_back(s.slot_of_row[n]);
     }
     begin = end;
   }
   auto part = std::unique_ptr<PrefillPart>(new PrefillPart{
-      whole, support::Allocation("part_cu_seqlens", cu.size() * element_size(s.cu_seqlens_dtype)),
+      whole, support::Allocation("part_cu_seqlens", cu.size() * element_size(s.cu_dtype)),
       support::Allocation("part_indices", std::max<std::size_t>(slots.size(), 1) * 4)});
   PrefillCall& c = part->call;
   auto rows = [&](OptionalView& v, std::int64_t count) {
@@ -92,13 +92,14 @@ std::unique_ptr<PrefillPart> prefill_part(const PrefillCall& whole, const Proble
   // Gate and beta keep every row from `first` on: rows past the part's tokens are ignored.
   for (OptionalView* gate_or_beta : {&c.a, &c.g, &c.b, &c.beta})
     if (*gate_or_beta) rows(*gate_or_beta, (*gate_or_beta)->shape[0] - first);
-  c.cu_seqlens = index_view(part->cu_buffer, s.cu_seqlens_dtype, cu, s.host_values);
-  c.initial_state_indices = index_view(part->slot_buffer, DType::i32, slots, s.host_values);
+  c.cu_seqlens = index_view(part->cu_buffer, s.cu_dtype, cu, s.has_values(Arg::cu_seqlens));
+  c.initial_state_indices =
+      index_view(part->slot_buffer, DType::i32, slots, s.has_values(Arg::initial_state_indices));
   return part;
 }
 
 RC_GTEST_PROP(ReferencePool, PrefillSplitAtAnyTokenEqualsOnePrefill, ()) {
-  const ProblemSpec spec = *support::gen_prefill_spec();
+  const CallPlan spec = *support::gen_prefill_problem();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const auto& whole = std::get<PrefillCall>(problem.call);
   const std::int64_t total = spec.total_tokens();
@@ -131,7 +132,7 @@ RC_GTEST_PROP(ReferencePool, PrefillSplitAtAnyTokenEqualsOnePrefill, ()) {
 }
 
 RC_GTEST_PROP(ReferencePool, WritesExactlyWhatItMay, ()) {
-  const ProblemSpec spec = *gen_any_spec();
+  const CallPlan spec = *gen_any_spec();
   RC_TAG(entry_name(spec.entry));
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   if (spec.entry == Entry::commit) RC_ASSERT(reference::verify(*problem.verify).ok());
@@ -148,29 +149,30 @@ RC_GTEST_PROP(ReferencePool, WritesExactlyWhatItMay, ()) {
     const TensorView& out = spec.entry == Entry::decode ? *std::get<DecodeCall>(problem.call).out
                                                         : *problem.verify->out;
     std::int64_t token = 0;
-    for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
+    for (std::size_t n = 0; n < spec.row_lengths.size(); ++n) {
       const std::vector<double> rows =
-          support::read_floats(support::slice_rows(out, token, spec.seq_lens[n]));
-      if (spec.slots[n] < 0) RC_ASSERT(rows == std::vector<double>(rows.size(), 0.0));
-      token += spec.seq_lens[n];
+          support::read_floats(support::slice_rows(out, token, spec.row_lengths[n]));
+      if (spec.slot_of_row[n] < 0) RC_ASSERT(rows == std::vector<double>(rows.size(), 0.0));
+      token += spec.row_lengths[n];
     }
   }
 }
 
 // A one-token call on other buffers, then the long call: the same bytes as the long call alone.
 RC_GTEST_PROP(ReferencePool, ResultsDoNotDependOnEarlierCalls, ()) {
-  const ProblemSpec spec = *support::gen_prefill_spec();
+  const CallPlan spec = *support::gen_prefill_problem();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const support::Snapshot fresh = problem.snapshot();
   RC_ASSERT(reference::prefill(std::get<PrefillCall>(problem.call)).ok());
   const support::Snapshot alone = problem.snapshot();
   problem.restore(fresh);
 
-  ProblemSpec short_spec = spec;
-  short_spec.seq_lens = {1};
-  short_spec.slots = {0};
-  short_spec.pool_slots = 1;
+  CallPlan short_spec = spec;
+  short_spec.row_lengths = {1};
+  short_spec.slot_of_row = {0};
+  short_spec.slots = 1;
   short_spec.entry = *rc::gen::arbitrary<bool>() ? Entry::prefill : Entry::decode;
+  if (short_spec.entry == Entry::decode) short_spec.cu_dtype = DType::i32;  // decode's is i32
   const HostProblem earlier = support::materialize(short_spec, *rc::gen::arbitrary<std::uint64_t>());
   RC_ASSERT(reference::run(earlier.call).ok());
   RC_ASSERT(reference::prefill(std::get<PrefillCall>(problem.call)).ok());
@@ -180,7 +182,7 @@ RC_GTEST_PROP(ReferencePool, ResultsDoNotDependOnEarlierCalls, ()) {
 // The comparison GPU conformance tests use: identical results compare as exact, and a change to
 // any one element of any written region shows up in the matching error.
 RC_GTEST_PROP(ReferencePool, CompareOutputsSeesEveryWrittenRegion, ()) {
-  const ProblemSpec spec = *gen_any_spec();
+  const CallPlan spec = *gen_any_spec();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   if (spec.entry == Entry::commit) RC_ASSERT(reference::verify(*problem.verify).ok());
   RC_ASSERT(reference::run(problem.call).ok());
@@ -207,7 +209,7 @@ RC_GTEST_PROP(ReferencePool, CompareOutputsSeesEveryWrittenRegion, ()) {
 enum class Breakage { slot_out_of_range, slot_repeated, prefill_padding, seqlens_total, misaligned_pool, dtype_mismatch };
 
 const TensorView* slot_map(const HostProblem& p) {
-  switch (p.spec.entry) {
+  switch (p.plan.entry) {
     case Entry::decode: return &*std::get<DecodeCall>(p.call).cache_indices;
     case Entry::prefill: return &*std::get<PrefillCall>(p.call).initial_state_indices;
     case Entry::verify:
@@ -230,25 +232,25 @@ void write_index(const HostProblem& p, const TensorView& t, std::int64_t i, std:
 }
 
 RC_GTEST_PROP(ReferencePool, RefusedCallsTouchNothing, ()) {
-  const ProblemSpec spec = *gen_any_spec();
+  const CallPlan spec = *gen_any_spec();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const Breakage breakage = static_cast<Breakage>(*rc::gen::resize(100, rc::gen::inRange(0, 6)));
 
   std::vector<std::int64_t> active;
-  for (std::size_t n = 0; n < spec.slots.size(); ++n)
-    if (spec.slots[n] >= 0) active.push_back(static_cast<std::int64_t>(n));
+  for (std::size_t n = 0; n < spec.slot_of_row.size(); ++n)
+    if (spec.slot_of_row[n] >= 0) active.push_back(static_cast<std::int64_t>(n));
   RuleId expected = RuleId::arg_dtype;
   // Index breakages go to memory only: the host copies (when attached) still hold valid values,
   // so only reading the indices back from memory can catch them.
   switch (breakage) {
     case Breakage::slot_out_of_range:
       RC_PRE(!active.empty());
-      write_index(problem, *slot_map(problem), active[0], spec.pool_slots);
+      write_index(problem, *slot_map(problem), active[0], spec.slots);
       expected = RuleId::index_range;
       break;
     case Breakage::slot_repeated:
       RC_PRE(active.size() >= 2);
-      write_index(problem, *slot_map(problem), active[1], spec.slots[active[0]]);
+      write_index(problem, *slot_map(problem), active[1], spec.slot_of_row[active[0]]);
       expected = RuleId::index_unique;
       break;
     case Breakage::prefill_padding:

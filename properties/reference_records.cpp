@@ -39,22 +39,22 @@ double state_tolerance(DType state) { return state == DType::f32 ? 1e-5 : 1e-2; 
 // The first output of an active row that differs from decoding its token, or of a padding row
 // that is not zero.
 std::optional<std::string> outputs_mismatch(const HostProblem& p, const DecodeTrace& trace) {
-  const ProblemSpec& s = p.spec;
+  const CallPlan& s = p.plan;
   i64 first = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    for (i64 t = 0; t < s.seq_lens[n]; ++t) {
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    for (i64 t = 0; t < s.row_lengths[n]; ++t) {
       const std::vector<double> got = read_floats(slice_rows(*p.verify->out, first + t, 1));
-      if (s.slots[n] < 0 ? got != std::vector<double>(got.size(), 0.0) : got != trace.out[n][t])
+      if (s.slot_of_row[n] < 0 ? got != std::vector<double>(got.size(), 0.0) : got != trace.out[n][t])
         return fmt::format("row {} step {}: the output is not {}", n, t,
-                           s.slots[n] < 0 ? "zero (padding row)" : "the decode's");
+                           s.slot_of_row[n] < 0 ? "zero (padding row)" : "the decode's");
     }
-    first += s.seq_lens[n];
+    first += s.row_lengths[n];
   }
   return std::nullopt;
 }
 
 RC_GTEST_PROP(ReferenceRecords, RecordVerifyEqualsSingleTokenDecodes, ()) {
-  const ProblemSpec spec = *gen_verify_spec();
+  const CallPlan spec = *gen_verify_problem();
   RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
   const Snapshot fresh = p.host.snapshot();
   DecodeTrace trace;
@@ -79,7 +79,7 @@ std::vector<std::vector<double>> committed_slots(const RecordProblem& p) {
 }
 
 RC_GTEST_PROP(ReferenceRecords, ReplayCommitEqualsTheStateWritingCommit, ()) {
-  const ProblemSpec spec = *gen_commit_spec();
+  const CallPlan spec = *gen_commit_problem();
   RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
   const Snapshot fresh = p.host.snapshot();
   RC_ASSERT(reference::verify(*p.host.verify).ok());
@@ -106,8 +106,8 @@ RC_GTEST_PROP(ReferenceRecords, ReplayCommitEqualsTheStateWritingCommit, ()) {
 }
 
 RC_GTEST_PROP(ReferenceRecords, ReplayCommitOfNothingChangesNothing, ()) {
-  ProblemSpec spec = *gen_commit_spec();
-  spec.accepted.assign(spec.seq_lens.size(), 0);
+  CallPlan spec = *gen_commit_problem();
+  spec.accepted.assign(spec.row_lengths.size(), 0);
   RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
   RC_ASSERT(reference::record_verify(p.record_verify()).ok());
   const Snapshot before = p.host.snapshot();
@@ -120,7 +120,7 @@ RC_GTEST_PROP(ReferenceRecords, ReplayCommitOfNothingChangesNothing, ()) {
 // first step's records gives the pool, outputs and records of replay_commit followed by
 // record_verify, bit for bit.
 RC_GTEST_PROP(ReferenceRecords, AcceptVerifyIsReplayCommitThenRecordVerify, ()) {
-  const ProblemSpec spec = *gen_commit_spec();
+  const CallPlan spec = *gen_commit_problem();
   const RecordLayout layout = gen_layout();
   RecordProblem first = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), layout);
   RecordProblem second = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), layout);
@@ -173,14 +173,14 @@ void break_index(TensorView& t, i64 index, i64 value, bool drop_copy) {
 }
 
 RC_GTEST_PROP(ReferenceRecords, RefusedCallsTouchNothing, ()) {
-  const ProblemSpec spec = *gen_commit_spec();
+  const CallPlan spec = *gen_commit_problem();
   RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
   RC_ASSERT(reference::record_verify(p.record_verify()).ok());
   const TensorView prior_accepted = add_index(p.host, "prior_accepted", spec.accepted);
   const i64 n = spec.rows();
   std::vector<i64> active;
   for (i64 r = 0; r < n; ++r)
-    if (spec.slots[r] >= 0) active.push_back(r);
+    if (spec.slot_of_row[r] >= 0) active.push_back(r);
 
   std::vector<Breakage> usable{Breakage::steps, Breakage::dtype, Breakage::records_over_state};
   if (n >= 1) {
@@ -223,13 +223,13 @@ RC_GTEST_PROP(ReferenceRecords, RefusedCallsTouchNothing, ()) {
       break;
     case Breakage::accepted:
       entry = Entry::replay_commit;
-      break_index(*replay.accepted, *rc::gen::inRange<i64>(0, n), spec.draft_tokens + 1, drop_copy);
+      break_index(*replay.accepted, *rc::gen::inRange<i64>(0, n), spec.T + 1, drop_copy);
       rule = RuleId::commit_accepted;
       break;
     case Breakage::slot_range: {
       const i64 r = *rc::gen::elementOf(active);
       TensorView slots = *rv.cache_indices;  // one buffer: each call's view gets the same change
-      break_index(slots, r, spec.pool_slots, drop_copy);
+      break_index(slots, r, spec.slots, drop_copy);
       each([&](auto& c) { c.cache_indices = slots; });
       rule = RuleId::index_range;
       break;

@@ -18,7 +18,7 @@ namespace {
 
 using support::DecodeTrace;
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 
 DecodeTrace decode_each_token(HostProblem& problem) {
   DecodeTrace trace;
@@ -28,7 +28,7 @@ DecodeTrace decode_each_token(HostProblem& problem) {
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, VerifyEqualsSingleTokenDecodes, ()) {
-  const ProblemSpec spec = *support::gen_verify_spec();
+  const CallPlan spec = *support::gen_verify_problem();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const support::Snapshot fresh = problem.snapshot();
   const DecodeTrace trace = decode_each_token(problem);
@@ -48,7 +48,7 @@ RC_GTEST_PROP(ReferenceSpeculative, VerifyEqualsSingleTokenDecodes, ()) {
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, CommitEqualsDecodingTheAcceptedTokens, ()) {
-  const ProblemSpec spec = *support::gen_commit_spec();
+  const CallPlan spec = *support::gen_commit_problem();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const support::Snapshot fresh = problem.snapshot();
   const DecodeTrace trace = decode_each_token(problem);
@@ -68,8 +68,8 @@ RC_GTEST_PROP(ReferenceSpeculative, CommitEqualsDecodingTheAcceptedTokens, ()) {
 }
 
 RC_GTEST_PROP(ReferenceSpeculative, CommitOfNothingChangesNothing, ()) {
-  ProblemSpec spec = *support::gen_commit_spec();
-  spec.accepted.assign(spec.seq_lens.size(), 0);
+  CallPlan spec = *support::gen_commit_problem();
+  spec.accepted.assign(spec.row_lengths.size(), 0);
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   RC_ASSERT(reference::verify(*problem.verify).ok());
   const support::Snapshot before = problem.snapshot();

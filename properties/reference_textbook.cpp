@@ -20,7 +20,7 @@ namespace kdaguard {
 namespace {
 
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 using support::read_floats;
 
 struct Tensors {
@@ -41,7 +41,7 @@ Tensors read_inputs(const Call& c) {
 }
 
 // One token of kda-math.md on the state S of value head hv (V x K, row-major), literally.
-std::vector<double> textbook_token(const ProblemSpec& s, const Tensors& in, std::int64_t t, int hv,
+std::vector<double> textbook_token(const CallPlan& s, const Tensors& in, std::int64_t t, int hv,
                                    std::vector<double>& S) {
   const int K = s.K, V = s.V;
   const int h = hv / (s.HV / s.H);  // consecutive value heads share a q/k head
@@ -64,20 +64,20 @@ std::vector<double> textbook_token(const ProblemSpec& s, const Tensors& in, std:
   std::vector<double> g(K);
   for (int i = 0; i < K; ++i) {
     const double raw = in.gate[(t * s.HV + hv) * K + i];
-    if (s.gate_kind == GateKind::activated) {
+    if (s.gate_kind() == GateKind::activated) {
       g[i] = raw;
       continue;
     }
     const double x = raw + (s.dt_bias ? in.dt_bias[hv * K + i] : 0.0);
-    if (s.gate_kind == GateKind::softplus) {
+    if (s.gate_kind() == GateKind::softplus) {
       const double softplus = x > 20 ? x : std::log(1 + std::exp(x));
       g[i] = -std::exp(in.A_log[hv]) * softplus;
     } else {
-      g[i] = s.lower_bound / (1 + std::exp(-std::exp(in.A_log[hv]) * x));
+      g[i] = *s.lower_bound / (1 + std::exp(-std::exp(in.A_log[hv]) * x));
     }
   }
   const double b = in.beta[t * s.HV + hv];
-  const double beta = s.beta_kind == BetaKind::logits ? 1 / (1 + std::exp(-b)) : b;
+  const double beta = s.beta_logits ? 1 / (1 + std::exp(-b)) : b;
 
   // 3. decay column k by exp(g[k]).
   for (int r = 0; r < V; ++r)
@@ -116,7 +116,7 @@ bool agrees(const std::vector<double>& stored, const std::vector<double>& textbo
   return true;
 }
 
-std::vector<double> slot_of(const std::vector<double>& pool_rows, const ProblemSpec& s,
+std::vector<double> slot_of(const std::vector<double>& pool_rows, const CallPlan& s,
                             std::int64_t slot) {
   const std::int64_t n = static_cast<std::int64_t>(s.HV) * s.V * s.K;
   return {pool_rows.begin() + slot * n, pool_rows.begin() + (slot + 1) * n};
@@ -128,43 +128,43 @@ struct Textbook {
   std::vector<double> out;
   std::vector<std::vector<double>> final_state;
 };
-Textbook run_textbook(const ProblemSpec& s, const Tensors& in, const std::vector<double>& pool) {
+Textbook run_textbook(const CallPlan& s, const Tensors& in, const std::vector<double>& pool) {
   Textbook r;
   r.out.assign(static_cast<std::size_t>(s.total_tokens() * s.HV * s.V), 0.0);
   const std::size_t VK = static_cast<std::size_t>(s.V) * s.K;
   std::int64_t first = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
     std::vector<double>& final_state = r.final_state.emplace_back();
-    if (s.slots[n] >= 0) {
-      final_state = slot_of(pool, s, s.slots[n]);
+    if (s.slot_of_row[n] >= 0) {
+      final_state = slot_of(pool, s, s.slot_of_row[n]);
       for (int hv = 0; hv < s.HV; ++hv) {
         std::vector<double> S(final_state.begin() + hv * VK, final_state.begin() + (hv + 1) * VK);
-        for (std::int64_t t = first; t < first + s.seq_lens[n]; ++t) {
+        for (std::int64_t t = first; t < first + s.row_lengths[n]; ++t) {
           const std::vector<double> o = textbook_token(s, in, t, hv, S);
           std::copy(o.begin(), o.end(), r.out.begin() + (t * s.HV + hv) * s.V);
         }
         std::copy(S.begin(), S.end(), final_state.begin() + hv * VK);
       }
     }
-    first += s.seq_lens[n];
+    first += s.row_lengths[n];
   }
   return r;
 }
 
 template <class Call>
 void check_against_textbook(HostProblem& problem, const Call& call, const TensorView& pool) {
-  const ProblemSpec& s = problem.spec;
+  const CallPlan& s = problem.plan;
   const Textbook want = run_textbook(s, read_inputs(call), read_floats(pool));
   RC_ASSERT(reference::run(problem.call).ok());
   RC_ASSERT(agrees(read_floats(*call.out), want.out, s.io_dtype));
   const std::vector<double> pool_after = read_floats(pool);
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n)
-    if (s.slots[n] >= 0 && s.seq_lens[n] > 0)
-      RC_ASSERT(agrees(slot_of(pool_after, s, s.slots[n]), want.final_state[n], s.state_dtype));
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n)
+    if (s.slot_of_row[n] >= 0 && s.row_lengths[n] > 0)
+      RC_ASSERT(agrees(slot_of(pool_after, s, s.slot_of_row[n]), want.final_state[n], s.state_dtype));
 }
 
 RC_GTEST_PROP(ReferenceTextbook, DecodeFollowsKdaMath, ()) {
-  const ProblemSpec spec = *support::gen_decode_spec();
+  const CallPlan spec = *support::gen_decode_problem();
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const auto& call = std::get<DecodeCall>(problem.call);
   check_against_textbook(problem, call, *call.state);
@@ -173,7 +173,7 @@ RC_GTEST_PROP(ReferenceTextbook, DecodeFollowsKdaMath, ()) {
 RC_GTEST_PROP(ReferenceTextbook, PrefillFollowsKdaMath, ()) {
   support::GenLimits limits;
   limits.max_seq_len = 40;  // the textbook is slow on purpose; a few tokens per sequence suffice
-  const ProblemSpec spec = *support::gen_prefill_spec(limits);
+  const CallPlan spec = *support::gen_prefill_problem(limits);
   HostProblem problem = support::materialize(spec, *rc::gen::arbitrary<std::uint64_t>());
   const auto& call = std::get<PrefillCall>(problem.call);
   check_against_textbook(problem, call, *call.initial_state);

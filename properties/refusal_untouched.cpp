@@ -19,54 +19,6 @@ namespace {
 
 using i64 = std::int64_t;
 
-// The host problem a plan describes (same rows, slots, scratch addressing and layout knobs).
-ProblemSpec problem_of(const CallPlan& p, const PlanNeeds& needs) {
-  ProblemSpec s;
-  s.entry = p.entry;
-  s.H = static_cast<int>(p.H);
-  s.HV = static_cast<int>(p.HV);
-  s.K = static_cast<int>(p.K);
-  s.V = static_cast<int>(p.V);
-  s.io_dtype = p.io_dtype;
-  s.state_dtype = p.state_dtype;
-  s.gate_dtype = p.gate_dtype;
-  s.beta_dtype = p.beta_dtype;
-  s.gate_kind = !p.raw_gate ? GateKind::activated : p.lower_bound ? GateKind::bounded : GateKind::softplus;
-  if (p.lower_bound) s.lower_bound = *p.lower_bound;
-  s.beta_kind = p.beta_logits ? BetaKind::logits : BetaKind::activated;
-  s.use_qk_l2norm = p.use_qk_l2norm;
-  s.scale = p.scale;
-  s.dt_bias = p.dt_bias;
-  s.seq_lens = p.row_lengths;
-  s.pool_slots = p.slots;
-  s.slots = p.slot_of_row;
-  s.draft_tokens = p.T;
-  s.scratch_steps = p.T_alloc;
-  s.scratch_rows = p.S_spec;
-  if (p.explicit_scratch_indices) {
-    std::vector<i64> flat;
-    for (i64 r = 0; r < p.rows(); ++r)
-      for (i64 t = 0; t < p.T; ++t)
-        flat.push_back(p.slot_of_row[r] >= 0 && t < p.row_lengths[r] ? p.scratch_row_of_row[r] * p.T_alloc + t : -1);
-    s.scratch_indices = flat;
-  }
-  s.scratch_row_map = p.row_map;
-  s.accepted = p.accepted;
-  if (p.entry == Entry::verify) s.accepted.assign(p.row_lengths.size(), 0);
-  s.commit_cu_seqlens = p.cu_seqlens;
-  s.decode_cu_seqlens = p.entry == Entry::decode && p.cu_seqlens;
-  s.cu_seqlens_dtype = p.cu_dtype;
-  s.slot_pad = p.slot_pad * 16;
-  s.state_offset_32B = p.pool_offset;
-  s.packed_qkv = p.packed_qkv;
-  s.token_pad_16B = p.row_pad;
-  if (p.entry == Entry::prefill) s.extra_gate_rows = p.extra_token_rows;
-  if (p.entry == Entry::verify || p.entry == Entry::commit)
-    s.extra_index_entries = std::min(p.extra_index_entries, p.S_spec - p.rows());
-  s.host_values = needs.index_values || p.has_values(Arg::cache_indices);
-  return s;
-}
-
 // Writes a view's host values into its buffer, when the view lies inside that buffer.
 bool store_values(const HostProblem& problem, const TensorView& t) {
   const Allocation* a = problem.allocation_of(t);
@@ -107,7 +59,7 @@ void refused_call_touches_nothing(Entry e) {
   RC_TAG(rule_id(m.rule));
 
   GeneratedCall g{*gen_plan(e, m.needs), make_call(e), {}};
-  HostProblem problem = materialize(problem_of(g.plan, m.needs), *rc::gen::arbitrary<std::uint64_t>());
+  HostProblem problem = materialize(g.plan, *rc::gen::arbitrary<std::uint64_t>());
   g.call = problem.call;
   const AnyCall valid = g.call;
   const auto broken = *rc::gen::exec([&] {
@@ -146,7 +98,7 @@ RC_GTEST_PROP(RefusalUntouched, Commit, ()) { refused_call_touches_nothing(Entry
 RC_GTEST_PROP(RefusalUntouched, TheValidCallRuns, ()) {
   const Entry e = *gen_entry();
   const CallPlan plan = *gen_plan(e);
-  HostProblem problem = materialize(problem_of(plan, {}), *rc::gen::arbitrary<std::uint64_t>());
+  HostProblem problem = materialize(plan, *rc::gen::arbitrary<std::uint64_t>());
   const Status status = reference::run(problem.call);
   if (!status.ok()) RC_FAIL(to_string(status) + "\n" + describe_call(problem.call));
 }

@@ -50,6 +50,22 @@ void CallPlan::set_values(Arg a, bool on) {
   values_mask = on ? (values_mask | bit) : (values_mask & ~bit);
 }
 
+void CallPlan::set_all_values(bool on) {
+  values_mask = on ? (values_mask | kIndexArgBits) : (values_mask & ~kIndexArgBits);
+}
+
+i64 CallPlan::scratch_slot(i64 n, i64 t) const {
+  if (!explicit_scratch_indices) return n * T_alloc + t;
+  if (!scratch_indices.empty()) {
+    const auto i = static_cast<std::size_t>(n * T + t);
+    return i < scratch_indices.size() ? scratch_indices[i] : -1;
+  }
+  const auto r = static_cast<std::size_t>(n);
+  const bool active = r < slot_of_row.size() && slot_of_row[r] >= 0;
+  const i64 row = r < scratch_row_of_row.size() ? scratch_row_of_row[r] : n;
+  return active && t < row_lengths[r] ? row * T_alloc + t : -1;
+}
+
 namespace {
 
 constexpr Arg kIndexArgs[] = {Arg::cache_indices, Arg::cu_seqlens, Arg::initial_state_indices,
@@ -202,10 +218,11 @@ Dims row_major(const Dims& shape) {
 }
 
 // Hands out allocations for the buffers of one call: each of its own (address 0 or a distinct
-// fake address), or all placed disjointly in one shared arena.
+// fake address), or all placed disjointly in one shared arena. Listing them (lay_out) gives
+// every buffer of its own a distinct address.
 class Placer {
  public:
-  explicit Placer(const CallPlan& p) : plan_(p) {}
+  Placer(const CallPlan& p, std::vector<PlacedBuffer>* list) : plan_(p), list_(list) {}
 
   struct Spot {
     std::uint64_t address = 0;
@@ -213,37 +230,48 @@ class Placer {
   };
 
   // A buffer of `bytes`; `shared` buffers hold several views and need a non-zero address.
-  Spot place(i64 bytes, bool shared) {
+  Spot place(i64 bytes, bool shared, std::string_view name) {
     if (plan_.arena) {
       Spot s{kArenaAddress, cursor_};
       cursor_ += round_up(std::max<i64>(bytes, 1), 256) + 256;
       return s;
     }
-    if (shared || plan_.distinct_addresses)
-      return Spot{kFakeAddressBase + kFakeAddressPitch * (next_++), 0};
+    if (shared || plan_.distinct_addresses || list_ != nullptr) {
+      const Spot s{kFakeAddressBase + kFakeAddressPitch * (next_++), 0};
+      if (list_ != nullptr) list_->push_back({name, s.address, bytes});
+      return s;
+    }
     return Spot{0, 0};
   }
   i64 arena_bytes() const { return cursor_; }
+  // Lists the arena as one buffer, once every view is placed.
+  void list_arena() {
+    if (plan_.arena && list_ != nullptr) list_->push_back({"arena", kArenaAddress, cursor_});
+  }
 
   static constexpr std::uint64_t kArenaAddress = kFakeAddressBase - kFakeAddressPitch;
 
  private:
   static i64 round_up(i64 x, i64 m) { return (x + m - 1) / m * m; }
   const CallPlan& plan_;
+  std::vector<PlacedBuffer>* list_;
   i64 cursor_ = 0;
   std::uint64_t next_ = 0;
 };
 
 class Builder {
  public:
-  explicit Builder(const CallPlan& p) : p_(p), placer_(p) {}
+  // list: null for build_call; lay_out's list of buffers, every index tensor then carrying its
+  // values.
+  Builder(const CallPlan& p, std::vector<PlacedBuffer>* list)
+      : p_(p), placer_(p, list), all_values_(list != nullptr) {}
 
-  // A view of its own buffer: `lead_bytes` of headroom before element 0.
-  TensorView buffer(DType dt, const Dims& shape, const Dims& stride, i64 lead_bytes) {
+  // A view of its own buffer, placed for `arg`: `lead_bytes` of headroom before element 0.
+  TensorView buffer(Arg arg, DType dt, const Dims& shape, const Dims& stride, i64 lead_bytes) {
     const i64 es = element_size(dt);
     const i64 span = span_of(shape, stride);
     const i64 bytes = lead_bytes + (span + 1) * es;
-    const auto spot = placer_.place(bytes, false);
+    const auto spot = placer_.place(bytes, false, arg_name(arg));
     TensorView v = view(dt, shape, stride);
     v.address = spot.address;
     v.storage_offset = Elements{(spot.byte_offset + lead_bytes) / es};
@@ -266,33 +294,33 @@ class Builder {
   TensorView index(DType dt, const Dims& shape, std::vector<i64> values, Arg arg,
                    Dims stride = {}) {
     if (stride.rank == 0) stride = row_major(shape);
-    TensorView v = buffer(dt, shape, stride, p_.view_offset * 16);
-    if (p_.has_values(arg)) v.values = std::move(values);
+    TensorView v = buffer(arg, dt, shape, stride, p_.view_offset * 16);
+    if (all_values_ || p_.has_values(arg)) v.values = std::move(values);
     return v;
   }
 
   i64 unit(DType dt) const { return 16 / element_size(dt); }  // elements in 16 bytes
 
   // [rows, heads, dim] with padded head and row pitches.
-  TensorView token_rows(DType dt, i64 rows, i64 heads, i64 dim, bool pad_heads) {
+  TensorView token_rows(Arg arg, DType dt, i64 rows, i64 heads, i64 dim, bool pad_heads) {
     const i64 head_stride = dim + (pad_heads ? p_.head_pad * unit(dt) : 0);
     const i64 row_stride = heads * head_stride + p_.row_pad * unit(dt);
-    return buffer(dt, {rows, heads, dim}, {row_stride, head_stride, 1}, p_.view_offset * 16);
+    return buffer(arg, dt, {rows, heads, dim}, {row_stride, head_stride, 1}, p_.view_offset * 16);
   }
 
   // q, k, v: separate buffers or slices of one packed projection [rows, 2HK + HV*V + pad].
   void qkv(i64 rows, OptionalView& q, OptionalView& k, OptionalView& v) {
     const DType dt = p_.io_dtype;
     if (!p_.packed_qkv) {
-      q = token_rows(dt, rows, p_.H, p_.K, true);
-      k = token_rows(dt, rows, p_.H, p_.K, true);
-      v = token_rows(dt, rows, p_.HV, p_.V, false);
+      q = token_rows(Arg::q, dt, rows, p_.H, p_.K, true);
+      k = token_rows(Arg::k, dt, rows, p_.H, p_.K, true);
+      v = token_rows(Arg::v, dt, rows, p_.HV, p_.V, false);
       return;
     }
     const i64 hk = p_.H * p_.K, width = 2 * hk + p_.HV * p_.V + p_.row_pad * unit(dt);
     const i64 es = element_size(dt);
     const i64 lead = p_.view_offset * 16;
-    const auto spot = placer_.place(lead + std::max<i64>(rows, 1) * width * es, true);
+    const auto spot = placer_.place(lead + std::max<i64>(rows, 1) * width * es, true, "qkv");
     const i64 base = (spot.byte_offset + lead) / es;
     auto slice = [&](i64 column, i64 heads, i64 dim) {
       TensorView t = view(dt, {rows, heads, dim}, {width, dim, 1});
@@ -311,16 +339,18 @@ class Builder {
     qkv(rows, call.q, call.k, call.v);
     const i64 gate_rows = rows + p_.extra_token_rows;
     if (p_.raw_gate) {
-      call.a = token_rows(p_.gate_dtype, gate_rows, p_.HV, p_.K, false);
-      call.A_log = buffer(DType::f32, {p_.HV}, {1}, p_.view_offset * 16);
-      if (p_.dt_bias) call.dt_bias = buffer(DType::f32, {p_.HV * p_.K}, {1}, p_.view_offset * 16);
+      call.a = token_rows(Arg::a, p_.gate_dtype, gate_rows, p_.HV, p_.K, false);
+      call.A_log = buffer(Arg::A_log, DType::f32, {p_.HV}, {1}, p_.view_offset * 16);
+      if (p_.dt_bias)
+        call.dt_bias = buffer(Arg::dt_bias, DType::f32, {p_.HV * p_.K}, {1}, p_.view_offset * 16);
     } else {
-      call.g = token_rows(p_.gate_dtype, gate_rows, p_.HV, p_.K, false);
+      call.g = token_rows(Arg::g, p_.gate_dtype, gate_rows, p_.HV, p_.K, false);
     }
-    TensorView beta = buffer(p_.beta_dtype, {gate_rows, p_.HV}, {p_.HV + p_.row_pad, 1},
+    const Arg beta_arg = p_.beta_logits ? Arg::b : Arg::beta;
+    TensorView beta = buffer(beta_arg, p_.beta_dtype, {gate_rows, p_.HV}, {p_.HV + p_.row_pad, 1},
                              p_.view_offset * 16);
     (p_.beta_logits ? call.b : call.beta) = beta;
-    call.out = token_rows(p_.io_dtype, rows, p_.HV, p_.V, false);
+    call.out = token_rows(Arg::out, p_.io_dtype, rows, p_.HV, p_.V, false);
     call.scalars.scale = p_.scale;
     call.scalars.lower_bound = p_.lower_bound;
     call.scalars.use_qk_l2norm = p_.use_qk_l2norm;
@@ -328,15 +358,15 @@ class Builder {
 
   i64 slot_size() const { return p_.HV * p_.V * p_.K; }
 
-  TensorView pool(i64 slots) {
+  TensorView pool(Arg arg) {
     const i64 vk = p_.V * p_.K, slot = slot_size() + p_.slot_pad * 16;
-    return buffer(p_.state_dtype, {slots, p_.HV, p_.V, p_.K}, {slot, vk, p_.K, 1},
+    return buffer(arg, p_.state_dtype, {p_.slots, p_.HV, p_.V, p_.K}, {slot, vk, p_.K, 1},
                   p_.pool_offset * 32);
   }
 
   TensorView scratch() {
     const i64 vk = p_.V * p_.K, step = slot_size() + p_.step_pad * 16;
-    return buffer(p_.state_dtype, {p_.S_spec, p_.T_alloc, p_.HV, p_.V, p_.K},
+    return buffer(Arg::scratch, p_.state_dtype, {p_.S_spec, p_.T_alloc, p_.HV, p_.V, p_.K},
                   {p_.T_alloc * step, step, vk, p_.K, 1}, p_.pool_offset * 32);
   }
 
@@ -365,22 +395,78 @@ class Builder {
     call.scratch = scratch();
     if (p_.row_map) {
       std::vector<i64> map = p_.scratch_row_of_row;
-      map.resize(static_cast<std::size_t>(n), 0);
+      for (i64 r = static_cast<i64>(map.size()); r < n; ++r) map.push_back(r);  // identity
+      map.resize(static_cast<std::size_t>(n));
       call.scratch_row_map = index(DType::i32, {n + p_.extra_index_entries}, with_junk(map),
                                    Arg::scratch_row_map);
     }
     if (p_.explicit_scratch_indices) {
       std::vector<i64> flat;
-      for (i64 r = 0; r < n; ++r) {
-        const bool active = r < static_cast<i64>(p_.slot_of_row.size()) && p_.slot_of_row[r] >= 0;
-        const i64 row = r < static_cast<i64>(p_.scratch_row_of_row.size()) ? p_.scratch_row_of_row[r] : r;
-        for (i64 t = 0; t < p_.T; ++t)
-          flat.push_back(active && t < p_.row_lengths[r] ? row * p_.T_alloc + t : -1);
-      }
+      for (i64 r = 0; r < n; ++r)
+        for (i64 t = 0; t < p_.T; ++t) flat.push_back(p_.scratch_slot(r, t));
       call.scratch_indices = index(DType::i32, {n, p_.T}, std::move(flat), Arg::scratch_indices,
                                    {p_.T + p_.scratch_indices_pad, 1});
     }
     call.scalars.draft_token_num = p_.T;
+  }
+
+  // The call of the plan's entry point.
+  void build(AnyCall& result) {
+    std::visit(
+        [&](auto& call) {
+          using Call = std::decay_t<decltype(call)>;
+          call.device = p_.device;
+          if constexpr (std::is_same_v<Call, DecodeCall>) {
+            token_inputs(call, p_.rows());
+            call.state = pool(Arg::state);
+            call.cache_indices = slot_map(Arg::cache_indices);
+            if (p_.cu_seqlens) call.cu_seqlens = cu_seqlens();
+          } else if constexpr (std::is_same_v<Call, PrefillCall>) {
+            token_inputs(call, p_.total_tokens());
+            call.cu_seqlens = cu_seqlens();
+            call.initial_state = pool(Arg::initial_state);
+            call.initial_state_indices = slot_map(Arg::initial_state_indices);
+          } else if constexpr (std::is_same_v<Call, VerifyCall>) {
+            verify(call);
+          } else {
+            call.state = pool(Arg::state);
+            call.cache_indices = slot_map(Arg::cache_indices);
+            scratch_addressing(call);
+            call.accepted = index(DType::i32, {p_.rows()}, p_.accepted, Arg::accepted);
+            if (p_.cu_seqlens) call.cu_seqlens = cu_seqlens();
+          }
+        },
+        result);
+    finish(result);
+  }
+
+  void verify(VerifyCall& call) {
+    token_inputs(call, p_.total_tokens());
+    call.cu_seqlens = cu_seqlens();
+    call.state = pool(Arg::state);
+    call.cache_indices = slot_map(Arg::cache_indices);
+    scratch_addressing(call);
+  }
+
+  // A verify call, and the commit call over its buffers (plus accepted, one count per row).
+  void verify_and_commit(VerifyCall& vc, CommitCall& cc) {
+    vc.device = cc.device = p_.device;
+    verify(vc);
+    cc.scratch = vc.scratch;
+    cc.scratch_row_map = vc.scratch_row_map;
+    cc.scratch_indices = vc.scratch_indices;
+    cc.state = vc.state;
+    cc.cache_indices = vc.cache_indices;
+    std::vector<i64> accepted = p_.accepted;
+    accepted.resize(static_cast<std::size_t>(p_.rows()), 0);
+    cc.accepted = index(DType::i32, {p_.rows()}, std::move(accepted), Arg::accepted);
+    if (p_.cu_seqlens) cc.cu_seqlens = vc.cu_seqlens;
+    cc.scalars.draft_token_num = p_.T;
+    AnyCall v = vc, c = cc;
+    finish(v);
+    finish(c);
+    vc = std::get<VerifyCall>(v);
+    cc = std::get<CommitCall>(c);
   }
 
   void finish(AnyCall& call) {
@@ -391,47 +477,39 @@ class Builder {
     });
   }
 
+  void list_arena() { placer_.list_arena(); }
+
  private:
   const CallPlan& p_;
   Placer placer_;
+  bool all_values_;
 };
 
 }  // namespace
 
 AnyCall build_call(const CallPlan& p) {
-  Builder b(p);
+  Builder b(p, nullptr);
   AnyCall result = make_call(p.entry);
-  std::visit(
-      [&](auto& call) {
-        using Call = std::decay_t<decltype(call)>;
-        call.device = p.device;
-        if constexpr (std::is_same_v<Call, DecodeCall>) {
-          b.token_inputs(call, p.rows());
-          call.state = b.pool(p.slots);
-          call.cache_indices = b.slot_map(Arg::cache_indices);
-          if (p.cu_seqlens) call.cu_seqlens = b.cu_seqlens();
-        } else if constexpr (std::is_same_v<Call, PrefillCall>) {
-          b.token_inputs(call, p.total_tokens());
-          call.cu_seqlens = b.cu_seqlens();
-          call.initial_state = b.pool(p.slots);
-          call.initial_state_indices = b.slot_map(Arg::initial_state_indices);
-        } else if constexpr (std::is_same_v<Call, VerifyCall>) {
-          b.token_inputs(call, p.total_tokens());
-          call.cu_seqlens = b.cu_seqlens();
-          call.state = b.pool(p.slots);
-          call.cache_indices = b.slot_map(Arg::cache_indices);
-          b.scratch_addressing(call);
-        } else {
-          call.state = b.pool(p.slots);
-          call.cache_indices = b.slot_map(Arg::cache_indices);
-          b.scratch_addressing(call);
-          call.accepted = b.index(DType::i32, {p.rows()}, p.accepted, Arg::accepted);
-          if (p.cu_seqlens) call.cu_seqlens = b.cu_seqlens();
-        }
-      },
-      result);
-  b.finish(result);
+  b.build(result);
   return result;
+}
+
+LaidOutCall lay_out(const CallPlan& p) {
+  LaidOutCall out{make_call(p.entry), {}, {}, {}};
+  Builder b(p, &out.buffers);
+  if (p.entry == Entry::verify || p.entry == Entry::commit) {
+    VerifyCall vc;
+    CommitCall cc;
+    b.verify_and_commit(vc, cc);
+    out.verify = vc;
+    out.commit = cc;
+    if (p.entry == Entry::verify) out.call = vc;
+    else out.call = cc;
+  } else {
+    b.build(out.call);
+  }
+  b.list_arena();
+  return out;
 }
 
 GeneratedCall generate_call(Entry e, const PlanNeeds& needs, Chooser& choose) {
@@ -526,15 +604,36 @@ bool same_verdict(const Verdict& x, const Verdict& y) {
 
 std::ostream& operator<<(std::ostream& os, const CallPlan& p) {
   os << fmt::format(
-      "plan{{{} H={} HV={} K={} V={} io={} gate={}({}) beta={}({}) state={} rows={} slots={} "
-      "slot_of_row={} S={} T={} T_alloc={} S_spec={} row_map={} explicit_indices={} "
-      "accepted={} packed={} arena={} known_sizes={} values_mask={:#x}}}",
-      entry_name(p.entry), p.H, p.HV, p.K, p.V, dtype_name(p.io_dtype), p.raw_gate ? "a" : "g",
-      dtype_name(p.gate_dtype), p.beta_logits ? "b" : "beta", dtype_name(p.beta_dtype),
-      dtype_name(p.state_dtype), p.row_lengths, p.slots, p.slot_of_row, p.slots, p.T, p.T_alloc,
-      p.S_spec, p.scratch_row_of_row, p.explicit_scratch_indices, p.accepted, p.packed_qkv,
-      p.arena, p.known_sizes, p.values_mask);
+      "plan{{{} {} H={} HV={} K={} V={} io={} gate={}({}) beta={}({}) state={} scale={} "
+      "lower_bound={} l2norm={} dt_bias={} row_lengths=[{}] slot_of_row=[{}] S={}",
+      entry_name(p.entry), device_name(p.device), p.H, p.HV, p.K, p.V, dtype_name(p.io_dtype),
+      p.raw_gate ? "a" : "g", dtype_name(p.gate_dtype), p.beta_logits ? "b" : "beta",
+      dtype_name(p.beta_dtype), dtype_name(p.state_dtype),
+      p.scale ? fmt::format("{}", *p.scale) : std::string("default"),
+      p.lower_bound ? fmt::format("{}", *p.lower_bound) : std::string("none"), p.use_qk_l2norm,
+      p.dt_bias, fmt::join(p.row_lengths, ","), fmt::join(p.slot_of_row, ","), p.slots);
+  if (p.entry == Entry::verify || p.entry == Entry::commit)
+    os << fmt::format(
+        " T={} T_alloc={} S_spec={} scratch_row_of_row=[{}] row_map={} explicit_indices={} "
+        "scratch_indices=[{}] scratch_indices_pad={} accepted=[{}]",
+        p.T, p.T_alloc, p.S_spec, fmt::join(p.scratch_row_of_row, ","), p.row_map,
+        p.explicit_scratch_indices, fmt::join(p.scratch_indices, ","), p.scratch_indices_pad,
+        fmt::join(p.accepted, ","));
+  os << fmt::format(
+      " extra_token_rows={} extra_index_entries={} cu_seqlens={}({}) packed_qkv={} row_pad={} "
+      "head_pad={} slot_pad={} step_pad={} pool_offset={} view_offset={} known_sizes={} arena={} "
+      "distinct_addresses={} explicit_device={} values_mask={:#x} strong_decay={}}}",
+      p.extra_token_rows, p.extra_index_entries, p.cu_seqlens, dtype_name(p.cu_dtype),
+      p.packed_qkv, p.row_pad, p.head_pad, p.slot_pad, p.step_pad, p.pool_offset, p.view_offset,
+      p.known_sizes, p.arena, p.distinct_addresses, p.explicit_device, p.values_mask,
+      p.strong_decay_fraction);
   return os;
+}
+
+std::string describe(const CallPlan& plan) {
+  std::ostringstream os;
+  os << plan;
+  return os.str();
 }
 
 std::ostream& operator<<(std::ostream& os, const GeneratedCall& g) {

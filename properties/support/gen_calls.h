@@ -6,6 +6,9 @@
 // code serves RapidCheck (which shrinks every choice towards its simplest value) and the fuzzers
 // (which read the choices from their input bytes). Calls carry no data: addresses are 0 (an
 // allocation of its own) or fake non-zero addresses shared by views of one buffer.
+//
+// The CallPlan is the one description of a call's layout in test support: materialize()
+// (problem.h) lays out the same plan with the same code over real host buffers holding data.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +16,12 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kdaguard/contracts/call.h"
 #include "kdaguard/contracts/validate.h"
+#include "kdaguard/params.h"
 
 namespace rc {
 template <class T> class Gen;
@@ -84,17 +89,26 @@ struct PlanNeeds {
   int min_rows_with_tokens = 0;  // rows whose length is at least 1
 };
 
-// Every choice behind one generated call. Sizes are in elements unless named otherwise.
+// The index tensors: bit (1 << Arg) of each.
+inline constexpr std::uint32_t kIndexArgBits =
+    1u << static_cast<unsigned>(Arg::cache_indices) | 1u << static_cast<unsigned>(Arg::cu_seqlens) |
+    1u << static_cast<unsigned>(Arg::initial_state_indices) |
+    1u << static_cast<unsigned>(Arg::scratch_row_map) |
+    1u << static_cast<unsigned>(Arg::scratch_indices) | 1u << static_cast<unsigned>(Arg::accepted);
+
+// Every choice behind one generated call. Sizes are in elements unless named otherwise. The
+// defaults are a plain valid layout (f32, one row, compact, sizes and index values known) for
+// plans written by hand; draw_plan() sets every field.
 struct CallPlan {
   Entry entry = Entry::decode;
   Device device{Device::Kind::cuda, 0};
 
   // Dimensions and dtypes.
   std::int64_t H = 1, HV = 1, K = 64, V = 64;
-  DType io_dtype = DType::bf16;  // q, k, v, out
+  DType io_dtype = DType::f32;   // q, k, v, out
   bool raw_gate = true;          // a + A_log (+ dt_bias); else an activated g
-  DType gate_dtype = DType::bf16;
-  bool dt_bias = false;
+  DType gate_dtype = DType::f32;
+  bool dt_bias = true;
   bool beta_logits = true;       // b; else beta
   DType beta_dtype = DType::f32;
   DType state_dtype = DType::f32;
@@ -121,29 +135,49 @@ struct CallPlan {
   std::int64_t step_pad = 0;      // extra 16-element units per scratch step
   std::int64_t pool_offset = 0;   // 32-byte units between a pool's buffer start and slot 0
   std::int64_t view_offset = 0;   // 16-byte units before every other buffer's element 0
-  bool known_sizes = false;       // views carry storage_size
+  bool known_sizes = true;        // views carry storage_size
   bool arena = false;             // every buffer lives in one shared allocation, disjoint
   bool distinct_addresses = false;  // buffers of their own get distinct non-zero addresses
   bool explicit_device = false;   // views name the call's device instead of leaving it implied
 
   // Verify and commit.
   std::int64_t T = 1, T_alloc = 1, S_spec = 1;
-  std::vector<std::int64_t> scratch_row_of_row;  // the row map (first N entries used)
+  // The row map: its first N entries, identity past its end.
+  std::vector<std::int64_t> scratch_row_of_row;
   bool explicit_scratch_indices = false;
+  // The explicit flat scratch slot of each (row, step), [N * T] row-major, -1 = skip; empty:
+  // step t of an active row r at scratch_row_of_row[r] * T_alloc + t, -1 past its length.
+  std::vector<std::int64_t> scratch_indices;
   bool row_map = true;
   std::int64_t scratch_indices_pad = 0;  // extra i32 entries per scratch_indices row
   std::vector<std::int64_t> accepted;
 
   // Which index tensors carry host copies of their values: bit (1 << Arg).
-  std::uint32_t values_mask = 0;
+  std::uint32_t values_mask = kIndexArgBits;
+
+  // Values (materialize only): the fraction of gate elements set to a decay far past any lower
+  // bound (activated g = -1000; a raw gate a = +1000, so g <= -1000; a bounded gate saturates).
+  double strong_decay_fraction = 0.0;
 
   std::int64_t rows() const { return static_cast<std::int64_t>(row_lengths.size()); }
   std::int64_t total_tokens() const;
   bool has_values(Arg a) const { return (values_mask >> static_cast<unsigned>(a)) & 1u; }
   void set_values(Arg a, bool on);
+  void set_all_values(bool on);  // every index tensor
+  // softplus (a, no lower bound), bounded (a with lower_bound) or activated (g).
+  GateKind gate_kind() const {
+    return !raw_gate ? GateKind::activated : lower_bound ? GateKind::bounded : GateKind::softplus;
+  }
+  void set_gate_kind(GateKind kind, double bound) {  // bound: the bounded gate's lower_bound
+    raw_gate = kind != GateKind::activated;
+    lower_bound = kind == GateKind::bounded ? std::optional<double>(bound) : std::nullopt;
+  }
+  // The flat scratch slot step t of row n writes, or -1 (see scratch_indices).
+  std::int64_t scratch_slot(std::int64_t n, std::int64_t t) const;
 };
 
 std::ostream& operator<<(std::ostream& os, const CallPlan& plan);
+std::string describe(const CallPlan& plan);  // the same, as one line for logs
 
 // A call together with the plan it was built from (mutations may edit either). A mutation also
 // says what the violation of its rule must say: texts naming the argument and the expected and
@@ -159,6 +193,23 @@ CallPlan draw_plan(Entry e, const PlanNeeds& needs, Chooser& choose);
 // Builds the call a plan describes. Deterministic; any plan builds (an invalid plan, as made by
 // a mutation, builds the call it describes).
 AnyCall build_call(const CallPlan& plan);
+
+// The buffers behind a laid-out call: every view of one buffer has the buffer's address.
+struct PlacedBuffer {
+  std::string_view name;  // the argument it was placed for ("qkv" for the packed projection)
+  std::uint64_t address;  // fake, distinct per buffer
+  std::int64_t bytes;
+};
+struct LaidOutCall {
+  AnyCall call;                     // plan.entry
+  std::optional<VerifyCall> verify; // verify and commit plans: both calls over one set of
+  std::optional<CommitCall> commit; // buffers (accepted padded with 0 to one count per row)
+  std::vector<PlacedBuffer> buffers;
+};
+// build_call's layout for materialize(): every buffer at a distinct fake address and listed, and
+// every index tensor carrying its values (materialize writes them, then keeps values_mask's).
+LaidOutCall lay_out(const CallPlan& plan);
+
 GeneratedCall generate_call(Entry e, const PlanNeeds& needs, Chooser& choose);
 
 // RapidCheck generators (shrinking) over the above.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
-#include <ostream>
 #include <random>
 #include <vector>
 
@@ -36,35 +35,40 @@ std::vector<std::int64_t> distinct_slots(std::int64_t count, std::int64_t n) {
 }
 
 // Dtypes, gate and beta forms, scalars and layout knobs: everything but rows and slots.
-void draw_common(ProblemSpec& s, Entry entry, const GenLimits& limits) {
+void draw_common(CallPlan& s, Entry entry, const GenLimits& limits) {
   s.entry = entry;
+  s.device = Device{Device::Kind::cpu, 0};
   s.K = pick_from(supported::kHeadDims);
   s.V = pick_from(supported::kHeadDims);
-  s.H = pick_from(std::array{1, 2});
-  const int group = pick_from(std::array{1, 2, 4});
+  s.H = pick_from(std::array<std::int64_t, 2>{1, 2});
+  const std::int64_t group = pick_from(std::array<std::int64_t, 3>{1, 2, 4});
   if (s.H * group > 4) s.H = 1;  // keep HV <= 4: property cases stay cheap
   s.HV = s.H * group;
 
   s.io_dtype = pick_from(std::array{DType::f32, DType::bf16, DType::f16});
   s.state_dtype = pick_from(std::array{DType::f32, DType::bf16});
-  s.gate_kind = pick_from(std::array{GateKind::softplus, GateKind::bounded, GateKind::activated});
-  s.gate_dtype = s.gate_kind == GateKind::activated
-                     ? pick_from(std::array{DType::f32, s.io_dtype})
-                     : s.io_dtype;
-  s.beta_kind = pick_from(std::array{BetaKind::logits, BetaKind::activated});
+  const GateKind gate =
+      pick_from(std::array{GateKind::softplus, GateKind::bounded, GateKind::activated});
+  s.raw_gate = gate != GateKind::activated;
+  s.gate_dtype = gate == GateKind::activated ? pick_from(std::array{DType::f32, s.io_dtype})
+                                             : s.io_dtype;
+  s.beta_logits = pick_from(std::array{true, false});
   s.beta_dtype = pick_from(std::array{DType::f32, s.io_dtype});
   s.use_qk_l2norm = pick_from(std::array{false, true});
   const double scale = pick_from(std::array{0.0, 1.0, 0.5, 0.1});  // 0: the default
   s.scale = scale > 0 ? std::optional<double>(scale) : std::nullopt;
-  s.lower_bound = pick_from(std::array{-5.0, -3.0, -1.0, -0.25});
-  s.dt_bias = pick_from(std::array{true, false});
+  const double lower_bound = pick_from(std::array{-5.0, -3.0, -1.0, -0.25});
+  if (gate == GateKind::bounded) s.lower_bound = lower_bound;
+  s.dt_bias = pick_from(std::array{true, false});  // raw gates only
   s.strong_decay_fraction = pick_from(std::array{0.0, limits.strong_decay_fraction});
 
-  s.slot_pad = pick_from(std::array<std::int64_t, 3>{0, 16, 48});
-  s.state_offset_32B = pick_from(std::array<std::int64_t, 3>{0, 1, 3});
+  // One pitch pad for the pool and the scratch, as a serving engine's allocator gives them.
+  s.slot_pad = s.step_pad = pick_from(std::array<std::int64_t, 3>{0, 1, 3});
+  s.pool_offset = pick_from(std::array<std::int64_t, 3>{0, 1, 3});
   s.packed_qkv = pick_from(std::array{false, true});
-  s.token_pad_16B = pick_from(std::array<std::int64_t, 3>{0, 1, 2});
-  s.host_values = pick_from(std::array{true, false});
+  s.row_pad = pick_from(std::array<std::int64_t, 3>{0, 1, 2});
+  s.set_all_values(pick_from(std::array{true, false}));
+  s.known_sizes = true;
 }
 
 // Slots for rows that may be padding (-1): one in four rows, drawn per row.
@@ -85,93 +89,92 @@ rc::Gen<std::int64_t> gen_seq_len(std::int64_t max_len) {
       rc::gen::inRange<std::int64_t>(0, max_len + 1));
 }
 
-rc::Gen<ProblemSpec> gen_decode_spec(GenLimits limits) {
+rc::Gen<CallPlan> gen_decode_problem(GenLimits limits) {
   return rc::gen::exec([limits] {
-    ProblemSpec s;
+    CallPlan s;
     draw_common(s, Entry::decode, limits);
     const std::int64_t B = *rc::gen::inRange<std::int64_t>(1, 2 * limits.max_rows + 1);
-    s.seq_lens.assign(static_cast<std::size_t>(B), 1);
-    s.pool_slots = B + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
-    s.slots = slots_with_padding(B, s.pool_slots);
-    s.decode_cu_seqlens = pick_from(std::array{false, true});
+    s.row_lengths.assign(static_cast<std::size_t>(B), 1);
+    s.slots = B + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
+    s.slot_of_row = slots_with_padding(B, s.slots);
+    s.cu_seqlens = pick_from(std::array{false, true});
     return s;
   });
 }
 
-rc::Gen<ProblemSpec> gen_prefill_spec(GenLimits limits) {
+rc::Gen<CallPlan> gen_prefill_problem(GenLimits limits) {
   return rc::gen::exec([limits] {
-    ProblemSpec s;
+    CallPlan s;
     draw_common(s, Entry::prefill, limits);
     const std::int64_t N = *rc::gen::inRange<std::int64_t>(1, limits.max_rows + 1);
-    for (std::int64_t n = 0; n < N; ++n) s.seq_lens.push_back(*gen_seq_len(limits.max_seq_len));
-    s.pool_slots = N + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
-    s.slots = distinct_slots(N, s.pool_slots);
-    s.cu_seqlens_dtype = pick_from(std::array{DType::i32, DType::i64});
-    s.extra_gate_rows = pick_from(std::array<std::int64_t, 3>{0, 1, 5});
+    for (std::int64_t n = 0; n < N; ++n) s.row_lengths.push_back(*gen_seq_len(limits.max_seq_len));
+    s.slots = N + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
+    s.slot_of_row = distinct_slots(N, s.slots);
+    s.cu_dtype = pick_from(std::array{DType::i32, DType::i64});
+    s.extra_token_rows = pick_from(std::array<std::int64_t, 3>{0, 1, 5});
     return s;
   });
 }
 
 namespace {
 
-ProblemSpec draw_speculative(Entry entry, const GenLimits& limits) {
-  ProblemSpec s;
+CallPlan draw_speculative(Entry entry, const GenLimits& limits) {
+  CallPlan s;
   draw_common(s, entry, limits);
   const std::int64_t N = *rc::gen::inRange<std::int64_t>(1, limits.max_rows + 1);
-  s.draft_tokens = *rc::gen::inRange<std::int64_t>(1, limits.max_draft_tokens + 1);
-  const std::int64_t T = s.draft_tokens;
-  s.scratch_steps = T + pick_from(std::array<std::int64_t, 3>{0, 1, 3});
+  s.T = *rc::gen::inRange<std::int64_t>(1, limits.max_draft_tokens + 1);
+  const std::int64_t T = s.T;
+  s.T_alloc = T + pick_from(std::array<std::int64_t, 3>{0, 1, 3});
   const bool dense = pick(2) == 0;  // every row holds T tokens, or ragged rows of 0..T
   for (std::int64_t n = 0; n < N; ++n)
-    s.seq_lens.push_back(dense ? T : pick(static_cast<int>(T) + 1));
-  s.pool_slots = N + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
-  s.slots = slots_with_padding(N, s.pool_slots);
+    s.row_lengths.push_back(dense ? T : pick(static_cast<int>(T) + 1));
+  s.slots = N + pick_from(std::array<std::int64_t, 3>{1, 0, 4});
+  s.slot_of_row = slots_with_padding(N, s.slots);
   s.extra_index_entries = pick_from(std::array<std::int64_t, 3>{0, 1, 3});
-  s.scratch_rows = N + s.extra_index_entries + pick_from(std::array<std::int64_t, 2>{0, 2});
+  s.S_spec = N + s.extra_index_entries + pick_from(std::array<std::int64_t, 2>{0, 2});
+  s.scratch_row_of_row.resize(static_cast<std::size_t>(N));
+  std::iota(s.scratch_row_of_row.begin(), s.scratch_row_of_row.end(), std::int64_t{0});
 
   if (pick(2) == 1) {  // explicit scratch slots: a permutation of the scratch, some steps skipped
-    std::vector<std::int64_t> flat = distinct_slots(N * T, s.scratch_rows * s.scratch_steps);
+    std::vector<std::int64_t> flat = distinct_slots(N * T, s.S_spec * s.T_alloc);
     for (std::int64_t& slot : flat)
       if (pick(6) == 5) slot = -1;
+    s.explicit_scratch_indices = true;
     s.scratch_indices = flat;
-    s.scratch_row_map = pick_from(std::array{true, false});  // unused then; may be absent
+    s.row_map = pick_from(std::array{true, false});  // unused then; may be absent
   }
 
   // Accepted counts: 0..length, never ending on a skipped step (that state was not kept).
   for (std::int64_t n = 0; n < N; ++n) {
-    std::int64_t a = pick(static_cast<int>(s.seq_lens[n]) + 1);
-    while (a > 0 && s.scratch_indices && (*s.scratch_indices)[n * T + a - 1] < 0) --a;
+    std::int64_t a = pick(static_cast<int>(s.row_lengths[n]) + 1);
+    while (a > 0 && s.scratch_slot(n, a - 1) < 0) --a;
     s.accepted.push_back(a);
   }
-  s.commit_cu_seqlens = pick_from(std::array{true, false});
+  s.cu_seqlens = entry == Entry::verify || pick_from(std::array{true, false});
   return s;
 }
 
 }  // namespace
 
-rc::Gen<ProblemSpec> gen_verify_spec(GenLimits limits) {
+rc::Gen<CallPlan> gen_verify_problem(GenLimits limits) {
   return rc::gen::exec([limits] { return draw_speculative(Entry::verify, limits); });
 }
 
-rc::Gen<ProblemSpec> gen_commit_spec(GenLimits limits) {
+rc::Gen<CallPlan> gen_commit_problem(GenLimits limits) {
   return rc::gen::exec([limits] { return draw_speculative(Entry::commit, limits); });
 }
 
-rc::Gen<ProblemSpec> gen_spec(Entry entry, GenLimits limits) {
+rc::Gen<CallPlan> gen_problem(Entry entry, GenLimits limits) {
   switch (entry) {
-    case Entry::decode: return gen_decode_spec(limits);
-    case Entry::prefill: return gen_prefill_spec(limits);
-    case Entry::verify: return gen_verify_spec(limits);
-    case Entry::commit: return gen_commit_spec(limits);
+    case Entry::decode: return gen_decode_problem(limits);
+    case Entry::prefill: return gen_prefill_problem(limits);
+    case Entry::verify: return gen_verify_problem(limits);
+    case Entry::commit: return gen_commit_problem(limits);
     case Entry::record_verify:
     case Entry::replay_commit:
     case Entry::accept_verify: break;  // no record-based problems
   }
-  return gen_decode_spec(limits);
-}
-
-std::ostream& operator<<(std::ostream& os, const ProblemSpec& spec) {
-  return os << describe(spec);
+  return gen_decode_problem(limits);
 }
 
 }  // namespace kdaguard::support

@@ -1,14 +1,13 @@
-// RapidCheck generators of valid ProblemSpecs, one per entry point. Every choice is drawn with a
+// RapidCheck generators of valid plans for host problems (materialize), one per entry point. Every choice is drawn with a
 // generator that shrinks (indices into option lists, never gen::element), so a failing case
 // shrinks toward the first option of each list: K = V = 64, H = HV = 1, f32, softplus gate, beta
-// logits, no padding rows, identity slots, compact layouts. Shapes stay small (HV <= 4, a few
+// logits, no padding rows, identity slots, compact layouts, known storage sizes. Shapes stay small (HV <= 4, a few
 // hundred tokens at most) so that 200 cases of a property run in seconds.
 #pragma once
 
 #include <rapidcheck.h>
 
 #include <cstdint>
-#include <iosfwd>
 
 #include "problem.h"
 
@@ -24,13 +23,10 @@ struct GenLimits {
 // Sequence lengths the chunked form must get right at chunk edges: 0, 1, 15, 16, 17, 63, 64, 65.
 rc::Gen<std::int64_t> gen_seq_len(std::int64_t max_len);
 
-rc::Gen<ProblemSpec> gen_decode_spec(GenLimits limits = {});
-rc::Gen<ProblemSpec> gen_prefill_spec(GenLimits limits = {});
-rc::Gen<ProblemSpec> gen_verify_spec(GenLimits limits = {});
-rc::Gen<ProblemSpec> gen_commit_spec(GenLimits limits = {});
-rc::Gen<ProblemSpec> gen_spec(Entry entry, GenLimits limits = {});
-
-// Counterexamples print as describe(spec).
-std::ostream& operator<<(std::ostream& os, const ProblemSpec& spec);
+rc::Gen<CallPlan> gen_decode_problem(GenLimits limits = {});
+rc::Gen<CallPlan> gen_prefill_problem(GenLimits limits = {});
+rc::Gen<CallPlan> gen_verify_problem(GenLimits limits = {});
+rc::Gen<CallPlan> gen_commit_problem(GenLimits limits = {});
+rc::Gen<CallPlan> gen_problem(Entry entry, GenLimits limits = {});
 
 }  // namespace kdaguard::support

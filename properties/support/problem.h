@@ -1,14 +1,14 @@
-// Host problems: a ProblemSpec says what a call looks like (entry point, shapes, dtypes, gate and
-// beta forms, rows, slots, and the layout knobs a serving engine uses), and materialize() turns it
-// into real host buffers filled with fresh random non-zero values plus the call whose views
-// describe them (device cpu, real addresses, known storage sizes).
+// Host problems: materialize() lays out a CallPlan (gen_calls.h: entry point, shapes, dtypes,
+// gate and beta forms, rows, slots, and the layout knobs a serving engine uses) with the same code
+// as build_call(), over real host buffers filled with fresh random non-zero values, and gives the
+// call whose views describe them (device cpu, real addresses).
 //
 // The buffers are enumerable (one Allocation per buffer, with the arguments viewing it) so GPU
 // tests can upload the very same bytes and relocate the call onto device addresses. Snapshots
 // and the write oracle let any test check that memory outside what an entry point may write is
 // bit-identical afterwards. A conformance check reads:
 //
-//   HostProblem p = materialize(spec, seed);
+//   HostProblem p = materialize(plan, seed);
 //   p.poison_outputs();
 //   const Snapshot before = p.snapshot();
 //   reference::run(p.call);                      // the f64 reference, on the host buffers
@@ -29,63 +29,12 @@
 #include <string_view>
 #include <vector>
 
+#include "gen_calls.h"
 #include "kdaguard/contracts/call.h"
 #include "kdaguard/params.h"
 #include "kdaguard/reference.h"
 
 namespace kdaguard::support {
-
-struct ProblemSpec {
-  Entry entry = Entry::decode;
-  int H = 1, HV = 1, K = 64, V = 64;
-  DType io_dtype = DType::f32;     // q, k, v, out (and a raw gate a)
-  DType state_dtype = DType::f32;  // pool and scratch: f32 or bf16
-  DType gate_dtype = DType::f32;   // a: io_dtype; g: f32 or io_dtype
-  DType beta_dtype = DType::f32;   // f32 or io_dtype
-  GateKind gate_kind = GateKind::softplus;
-  BetaKind beta_kind = BetaKind::logits;
-  bool use_qk_l2norm = false;
-  std::optional<double> scale;     // absent: the default K^-0.5
-  double lower_bound = -5.0;       // bounded gate only
-  bool dt_bias = true;             // raw gates only
-
-  // One entry per row: prefill sequence lengths, verify/commit row lengths (<= T), decode ones.
-  std::vector<std::int64_t> seq_lens;
-  std::int64_t pool_slots = 1;     // S
-  // Slot per row (cache_indices / initial_state_indices); -1 = padding row (not for prefill).
-  std::vector<std::int64_t> slots;
-
-  // verify and commit
-  std::int64_t draft_tokens = 1;   // T
-  std::int64_t scratch_steps = 1;  // T_alloc >= T
-  std::int64_t scratch_rows = 1;   // S_spec >= N (+ extra_index_entries)
-  // Explicit flat scratch slot per (row, step), [N * T] row-major, -1 = skip; absent: the
-  // identity row map (flat slot n * T_alloc + t).
-  std::optional<std::vector<std::int64_t>> scratch_indices;
-  bool scratch_row_map = true;     // pass the (identity) row map; required without indices
-  std::vector<std::int64_t> accepted;  // per row, <= its length (both verify and commit specs)
-  bool commit_cu_seqlens = true;   // commit: pass cu_seqlens (optional there)
-
-  // Layout knobs.
-  std::int64_t slot_pad = 0;        // extra elements per pool/scratch slot, a multiple of 16
-  std::int64_t state_offset_32B = 0;  // pool/scratch start this many 32-byte units into their buffer
-  bool packed_qkv = false;          // q, k, v sliced from one [T, 2HK + HV V] projection buffer
-  std::int64_t token_pad_16B = 0;   // extra 16-byte units between token rows of q, k, v and out
-  std::int64_t extra_gate_rows = 0; // prefill: a/g and b/beta rows past T_tot
-  std::int64_t extra_index_entries = 0;  // verify/commit: cache_indices and row-map entries past N
-  bool decode_cu_seqlens = false;   // decode: pass cu_seqlens = 0, 1, ..., B
-  DType cu_seqlens_dtype = DType::i32;  // prefill may use i64
-  bool host_values = true;          // attach host copies of the index tensors' values
-
-  // Values: the fraction of gate elements set to a decay far past any lower bound (activated
-  // g = -1000; a raw softplus gate a = +1000, so g <= -1000; a bounded gate saturates at L).
-  double strong_decay_fraction = 0.0;
-
-  std::int64_t rows() const { return static_cast<std::int64_t>(seq_lens.size()); }
-  std::int64_t total_tokens() const;
-};
-
-std::string describe(const ProblemSpec& spec);  // one line, for counterexamples and logs
 
 // One host buffer, 256-byte aligned, and the arguments that view it.
 class Allocation {
@@ -106,7 +55,7 @@ class Allocation {
   std::unique_ptr<std::byte[], Free> memory_;
 };
 
-// What an entry point writes, derived from the spec alone: out (all of it, padding rows as
+// What an entry point writes, derived from the plan alone: out (all of it, padding rows as
 // zeros), and whole pool or scratch slots.
 struct WrittenRegion {
   enum class Kind : std::uint8_t { out, state_slot, scratch_slot };
@@ -129,10 +78,10 @@ struct Snapshot {
 };
 
 struct HostProblem {
-  ProblemSpec spec;
+  CallPlan plan;
   std::vector<Allocation> allocations;
-  AnyCall call;                         // the spec's entry point
-  std::optional<VerifyCall> verify;     // verify and commit specs: both calls over one set of buffers
+  AnyCall call;                         // the plan's entry point
+  std::optional<VerifyCall> verify;     // verify and commit plans: both calls over one set of buffers
   std::optional<CommitCall> commit;
 
   const Allocation* find(std::string_view name) const;
@@ -141,12 +90,13 @@ struct HostProblem {
   Snapshot snapshot() const;
   void restore(const Snapshot& s);
   // Fills every output with a NaN pattern: out (whole buffer), the verify scratch (whole
-  // buffer), and for commit the pool slots it may write. Take the snapshot after this.
+  // buffer), and for commit the pool slots it may write; only the view itself where its buffer
+  // holds other arguments too (an arena plan). Take the snapshot after this.
   void poison_outputs();
 
-  // What the spec's entry point writes: out's elements, the pool slots of active rows (decode;
+  // What the plan's entry point writes: out's elements, the pool slots of active rows (decode;
   // prefill sequences of length > 0; commit rows with accepted > 0), the scratch slots of active
-  // rows' tokens (verify). Derived from the spec, not from any kernel.
+  // rows' tokens (verify). Derived from the plan, not from any kernel.
   std::vector<WrittenRegion> written_regions() const;
   // Per allocation, a mask of the bytes of written_regions().
   std::vector<std::vector<bool>> writable() const;
@@ -167,7 +117,12 @@ struct HostProblem {
   AnyCall relocated(const AnyCall& c, Device device, std::span<const std::uint64_t> new_bases) const;
 };
 
-HostProblem materialize(const ProblemSpec& spec, std::uint64_t seed);
+// A decode, prefill, verify or commit plan over host buffers: the calls run on the cpu device
+// whatever plan.device says. Every buffer holds random bytes, every input and pool element a
+// random non-zero value, every index tensor its values (host copies attached per values_mask).
+// Throws std::invalid_argument for a plan no call can be laid out from (one slot per row, one
+// token per decode row, one accepted count per commit row).
+HostProblem materialize(const CallPlan& plan, std::uint64_t seed);
 
 // ---- reading host views ----
 // Every element of a floating view as f64, row-major over its shape.

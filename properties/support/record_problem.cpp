@@ -73,15 +73,15 @@ TensorView add_index(HostProblem& host, std::string name, const std::vector<i64>
   return t;
 }
 
-RecordProblem materialize_records(const ProblemSpec& spec, std::uint64_t seed,
+RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
                                   const RecordLayout& layout) {
   if (spec.entry != Entry::verify && spec.entry != Entry::commit)
-    throw std::logic_error("materialize_records: a verify or commit spec");
+    throw std::logic_error("materialize_records: a verify or commit plan");
   RecordProblem p{materialize(spec, seed), {}};
   const i64 width = 2 * spec.K + spec.V;
   const i64 head = width + 4 * layout.head_pad;
   const i64 step = spec.HV * head + 4 * layout.step_pad;
-  const i64 steps = spec.draft_tokens + layout.extra_steps;
+  const i64 steps = spec.T + layout.extra_steps;
   TensorView shape;
   shape.dtype = DType::f32;
   shape.rank = 4;
@@ -125,18 +125,18 @@ TensorView RecordProblem::record(i64 n, i64 t) const {
 
 std::vector<TensorView> RecordProblem::record_verify_writes() const {
   std::vector<TensorView> writes{*host.verify->out};
-  const ProblemSpec& s = host.spec;
+  const CallPlan& s = host.plan;
   for (i64 n = 0; n < s.rows(); ++n)
-    for (i64 t = 0; s.slots[n] >= 0 && t < s.seq_lens[n]; ++t) writes.push_back(record(n, t));
+    for (i64 t = 0; s.slot_of_row[n] >= 0 && t < s.row_lengths[n]; ++t) writes.push_back(record(n, t));
   return writes;
 }
 
 std::vector<TensorView> RecordProblem::replay_commit_writes() const {
   std::vector<TensorView> writes;
-  const ProblemSpec& s = host.spec;
+  const CallPlan& s = host.plan;
   for (i64 n = 0; n < s.rows(); ++n)
-    if (s.slots[n] >= 0 && s.accepted[n] > 0)
-      writes.push_back(slice_rows(*host.commit->state, s.slots[n], 1));
+    if (s.slot_of_row[n] >= 0 && s.accepted[n] > 0)
+      writes.push_back(slice_rows(*host.commit->state, s.slot_of_row[n], 1));
   return writes;
 }
 

@@ -38,7 +38,7 @@ struct RecordProblem {
   void poison_records();
 };
 
-RecordProblem materialize_records(const ProblemSpec& spec, std::uint64_t seed,
+RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
                                   const RecordLayout& layout = {});
 
 // A record buffer shaped like `like` (rows, steps, pitches) in a new allocation of `host`.

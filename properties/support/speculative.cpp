@@ -10,7 +10,7 @@
 namespace kdaguard::support {
 
 Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
-  const ProblemSpec& s = problem.spec;
+  const CallPlan& s = problem.plan;
   const VerifyCall& vc = *problem.verify;
   const Allocation slot_buffer("decode_cache_indices", 4);
   const Allocation out_buffer("decode_out", static_cast<std::size_t>(s.HV * s.V * element_size(s.io_dtype)));
@@ -22,12 +22,12 @@ Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
   out.address = out_buffer.address();
   out.storage_size = Elements{s.HV * s.V};
 
-  trace.out.assign(s.seq_lens.size(), {});
-  trace.state.assign(s.seq_lens.size(), {});
+  trace.out.assign(s.row_lengths.size(), {});
+  trace.state.assign(s.row_lengths.size(), {});
   std::int64_t first_token = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    const std::int64_t slot = s.slots[n];
-    for (std::int64_t t = 0; slot >= 0 && t < s.seq_lens[n]; ++t) {
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    const std::int64_t slot = s.slot_of_row[n];
+    for (std::int64_t t = 0; slot >= 0 && t < s.row_lengths[n]; ++t) {
       const std::int64_t token = first_token + t;
       auto row = [&](const OptionalView& v) -> OptionalView {
         return v ? OptionalView(slice_rows(*v, token, 1)) : std::nullopt;
@@ -55,47 +55,43 @@ Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
       trace.out[n].push_back(read_floats(out));
       trace.state[n].push_back(read_slot(*vc.state, slot));
     }
-    first_token += s.seq_lens[n];
+    first_token += s.row_lengths[n];
   }
   return Status::success();
 }
 
 std::optional<std::string> verify_mismatch(const HostProblem& problem, const DecodeTrace& trace) {
-  const ProblemSpec& s = problem.spec;
+  const CallPlan& s = problem.plan;
   std::int64_t first_token = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    for (std::int64_t t = 0; t < s.seq_lens[n]; ++t) {
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    for (std::int64_t t = 0; t < s.row_lengths[n]; ++t) {
       const std::vector<double> got = read_floats(slice_rows(*problem.verify->out, first_token + t, 1));
-      if (s.slots[n] < 0) {
+      if (s.slot_of_row[n] < 0) {
         if (got != std::vector<double>(got.size(), 0.0))
           return fmt::format("verify padding row {} step {}: output is not zero", n, t);
         continue;
       }
       if (got != trace.out[n][t])
         return fmt::format("verify row {} step {}: output differs from decoding the token", n, t);
-      const std::int64_t flat = scratch_slot(s, n, t);
+      const std::int64_t flat = s.scratch_slot(static_cast<std::int64_t>(n), t);
       if (flat >= 0 && read_slot(*problem.verify->scratch, flat) != trace.state[n][t])
         return fmt::format("verify row {} step {}: scratch state differs from decoding the token", n, t);
     }
-    first_token += s.seq_lens[n];
+    first_token += s.row_lengths[n];
   }
   return std::nullopt;
 }
 
 std::optional<std::string> commit_mismatch(const HostProblem& problem, const DecodeTrace& trace) {
-  const ProblemSpec& s = problem.spec;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
+  const CallPlan& s = problem.plan;
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
     const std::int64_t a = s.accepted[n];
-    if (s.slots[n] < 0 || a == 0) continue;
-    if (read_slot(*problem.commit->state, s.slots[n]) != trace.state[n][a - 1])
+    if (s.slot_of_row[n] < 0 || a == 0) continue;
+    if (read_slot(*problem.commit->state, s.slot_of_row[n]) != trace.state[n][a - 1])
       return fmt::format("commit row {} ({} accepted): state differs from decoding them", n, a);
   }
   return std::nullopt;
 }
 
-std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t) {
-  return spec.scratch_indices ? (*spec.scratch_indices)[n * spec.draft_tokens + t]
-                              : static_cast<std::int64_t>(n) * spec.scratch_steps + t;
-}
 
 }  // namespace kdaguard::support

@@ -31,7 +31,4 @@ std::optional<std::string> verify_mismatch(const HostProblem& problem, const Dec
 // accepted step in `trace` (rows that accepted nothing are the unexpected-writes check's).
 std::optional<std::string> commit_mismatch(const HostProblem& problem, const DecodeTrace& trace);
 
-// The scratch slot that step t of row n writes: the explicit scratch_indices, or the identity map.
-std::int64_t scratch_slot(const ProblemSpec& spec, std::size_t n, std::int64_t t);
-
 }  // namespace kdaguard::support

@@ -27,16 +27,16 @@ namespace {
 
 using reference::ErrorStats;
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 
-double tolerance(const ProblemSpec& s) {
+double tolerance(const CallPlan& s) {
   if (s.state_dtype == DType::bf16) return 1e-2;
   const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 &&
                        s.beta_dtype == DType::f32;
   return all_f32 ? 1e-5 : 5e-3;
 }
 
-std::string category(const ProblemSpec& s) {
+std::string category(const CallPlan& s) {
   const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 &&
                        s.beta_dtype == DType::f32;
   return fmt::format("{} inputs {} state {}", entry_name(s.entry),
@@ -47,17 +47,17 @@ std::string category(const ProblemSpec& s) {
 struct Worst {
   long cases = 0, guarded = 0;
   double rms_ratio = 0, max_abs = 0;
-  std::string spec;
+  std::string plan;
 };
 std::map<std::string, Worst>& worst_table() {
   static std::map<std::string, Worst> table;
   return table;
 }
-void record(const ProblemSpec& s, const ErrorStats& e) {
+void record(const CallPlan& s, const ErrorStats& e) {
   Worst& w = worst_table()[category(s)];
-  if (e.rms_ratio > w.rms_ratio || w.spec.empty()) {
+  if (e.rms_ratio > w.rms_ratio || w.plan.empty()) {
     w.rms_ratio = std::max(w.rms_ratio, e.rms_ratio);
-    w.spec = support::describe(s);
+    w.plan = support::describe(s);
   }
   w.max_abs = std::max(w.max_abs, e.max_abs);
 }
@@ -78,7 +78,7 @@ std::vector<double> concat_slots(const TensorView& pool, const std::vector<std::
   return all;
 }
 
-void expect_close(const ProblemSpec& spec, const char* what, const std::vector<double>& gpu,
+void expect_close(const CallPlan& spec, const char* what, const std::vector<double>& gpu,
                   const std::vector<double>& ref) {
   const ErrorStats e = reference::compare(gpu, ref);
   record(spec, e);
@@ -86,15 +86,13 @@ void expect_close(const ProblemSpec& spec, const char* what, const std::vector<d
     RC_FAIL(fmt::format("{}: {} (tolerance {})", what, e.to_string(), tolerance(spec)));
 }
 
-// The flat scratch slots verify writes for the spec: active rows, steps within the row, not -1.
-std::vector<std::int64_t> written_scratch(const ProblemSpec& s) {
+// The flat scratch slots verify writes for the plan: active rows, steps within the row, not -1.
+std::vector<std::int64_t> written_scratch(const CallPlan& s) {
   std::vector<std::int64_t> slots;
   for (std::int64_t n = 0; n < s.rows(); ++n) {
-    if (s.slots[n] < 0) continue;
-    for (std::int64_t t = 0; t < s.seq_lens[n]; ++t) {
-      const std::int64_t flat = s.scratch_indices
-                                    ? (*s.scratch_indices)[n * s.draft_tokens + t]
-                                    : n * s.scratch_steps + t;
+    if (s.slot_of_row[n] < 0) continue;
+    for (std::int64_t t = 0; t < s.row_lengths[n]; ++t) {
+      const std::int64_t flat = s.scratch_slot(n, t);
       if (flat >= 0) slots.push_back(flat);
     }
   }
@@ -107,7 +105,7 @@ const TensorView& out_of(const AnyCall& c) {
 }
 
 // One generated spec on the GPU and on the reference; returns after every check passed.
-void check_case(const ProblemSpec& spec, std::uint64_t seed, int chunks_per_block,
+void check_case(const CallPlan& spec, std::uint64_t seed, int chunks_per_block,
                 DeviceArena& arena) {
   HostProblem ref = support::materialize(spec, seed);
   HostProblem dev = support::materialize(spec, seed);
@@ -135,7 +133,7 @@ void check_case(const ProblemSpec& spec, std::uint64_t seed, int chunks_per_bloc
   if (auto stray = dev.unexpected_writes(before)) RC_FAIL("write outside the outputs: " + *stray);
 
   ++worst_table()[category(spec)].cases;
-  if (!spec.host_values) ++worst_table()[category(spec)].guarded;
+  if ((spec.values_mask & support::kIndexArgBits) == 0) ++worst_table()[category(spec)].guarded;
   switch (spec.entry) {
     case Entry::decode:
       expect_close(spec, "out", support::read_floats(out_of(dev.call)),
@@ -194,7 +192,7 @@ void run_property(Entry entry, const char* name) {
   for (int round = 0; round < rounds; ++round) {
     const bool ok = rc::check(fmt::format("{} matches the f64 reference (round {})", name, round),
                               [&] {
-                                const ProblemSpec spec = *support::gen_spec(entry, limits());
+                                const CallPlan spec = *support::gen_problem(entry, limits());
                                 const auto seed = *rc::gen::arbitrary<std::uint64_t>();
                                 const int chunks_per_block = *rc::gen::inRange(0, 9);
                                 check_case(spec, seed, chunks_per_block, arena);

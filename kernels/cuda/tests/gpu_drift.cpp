@@ -39,7 +39,7 @@ namespace kdaguard::gputest {
 namespace {
 
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 using support::slice_rows;
 
 constexpr Device kGpu{Device::Kind::cuda, 0};
@@ -67,8 +67,8 @@ const char* gate_name(GateKind g) {
   return "?";
 }
 
-ProblemSpec history_spec(DType state, GateKind gate, std::int64_t steps) {
-  ProblemSpec s;
+CallPlan history_spec(DType state, GateKind gate, std::int64_t steps) {
+  CallPlan s;
   s.entry = Entry::prefill;
   s.H = 1;
   s.HV = 2;
@@ -78,13 +78,13 @@ ProblemSpec history_spec(DType state, GateKind gate, std::int64_t steps) {
   s.gate_dtype = DType::bf16;
   s.beta_dtype = DType::bf16;
   s.state_dtype = state;
-  s.gate_kind = gate;
-  s.beta_kind = BetaKind::logits;
+  s.set_gate_kind(gate, -5.0);
+  s.beta_logits = true;
   s.use_qk_l2norm = true;
-  s.seq_lens = {steps};
-  s.slots = {0};
-  s.pool_slots = 1;
-  s.host_values = true;
+  s.row_lengths = {steps};
+  s.slot_of_row = {0};
+  s.slots = 1;
+  s.set_all_values(true);
   return s;
 }
 
@@ -271,7 +271,7 @@ std::vector<Row> run_history(History h, const HostProblem& p, const Truth& truth
   auto ok = [](const Status& s) {
     if (!s.ok()) throw std::runtime_error(to_string(s));
   };
-  const std::int64_t per_token = p.spec.HV * p.spec.V;
+  const std::int64_t per_token = p.plan.HV * p.plan.V;
   std::vector<Row> rows;
   std::int64_t t = 0, previous = 0;
   for (const std::int64_t c : at) {

@@ -24,7 +24,7 @@ namespace kdaguard::gputest {
 namespace {
 
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 
 constexpr Device kGpu{Device::Kind::cuda, 0};
 
@@ -60,8 +60,8 @@ TEST(GpuRefusal, EveryMutationIsRefusedWithItsRule) {
 }
 
 // A small valid problem of each entry point (host copies of the index values unless asked).
-ProblemSpec small_spec(Entry entry, bool host_values) {
-  ProblemSpec s;
+CallPlan small_spec(Entry entry, bool host_values) {
+  CallPlan s;
   s.entry = entry;
   s.H = 2;
   s.HV = 4;
@@ -72,18 +72,19 @@ ProblemSpec small_spec(Entry entry, bool host_values) {
   s.beta_dtype = DType::f32;
   s.state_dtype = DType::f32;
   s.use_qk_l2norm = true;
-  s.host_values = host_values;
+  s.set_all_values(host_values);
+  s.cu_seqlens = entry != Entry::decode;
   if (entry == Entry::decode) {
-    s.seq_lens = {1, 1, 1, 1, 1};
-    s.slots = {3, 0, -1, 5, 1};
-    s.pool_slots = 7;
+    s.row_lengths = {1, 1, 1, 1, 1};
+    s.slot_of_row = {3, 0, -1, 5, 1};
+    s.slots = 7;
   } else {
-    s.draft_tokens = 4;
-    s.scratch_steps = 5;
-    s.scratch_rows = 5;
-    s.seq_lens = {4, 2, 3, 4};
-    s.slots = {2, -1, 0, 4};
-    s.pool_slots = 6;
+    s.T = 4;
+    s.T_alloc = 5;
+    s.S_spec = 5;
+    s.row_lengths = {4, 2, 3, 4};
+    s.slot_of_row = {2, -1, 0, 4};
+    s.slots = 6;
     s.accepted = {3, 0, 2, 4};
   }
   return s;
@@ -96,7 +97,7 @@ struct OnDevice {
   support::Snapshot before;
 };
 
-OnDevice put_on_device(const ProblemSpec& spec, DeviceArena& arena,
+OnDevice put_on_device(const CallPlan& spec, DeviceArena& arena,
                        const std::function<void(HostProblem&)>& corrupt = {}) {
   OnDevice d{support::materialize(spec, 20260101), {}, {}, {}};
   if (corrupt) corrupt(d.host);
@@ -190,7 +191,7 @@ struct GuardedRun {
   std::uint64_t word = 0;
 };
 
-GuardedRun run_guarded(const ProblemSpec& spec, DeviceArena& arena,
+GuardedRun run_guarded(const CallPlan& spec, DeviceArena& arena,
                        const std::function<void(HostProblem&)>& corrupt) {
   arena.reset();
   GuardedRun r{put_on_device(spec, arena, corrupt)};
@@ -210,7 +211,7 @@ const TensorView& decode_state(HostProblem& p) { return *std::get<DecodeCall>(p.
 TEST(GpuGuard, DecodeSlotOutOfRangeSkipsTheRow) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  const ProblemSpec spec = small_spec(Entry::decode, false);
+  const CallPlan spec = small_spec(Entry::decode, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<DecodeCall>(p.call).cache_indices, 3) = 1 << 20;  // S = 7
   });
@@ -224,7 +225,7 @@ TEST(GpuGuard, DecodeSlotOutOfRangeSkipsTheRow) {
 TEST(GpuGuard, DecodeRepeatedSlotSkipsBothRows) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  const ProblemSpec spec = small_spec(Entry::decode, false);
+  const CallPlan spec = small_spec(Entry::decode, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<DecodeCall>(p.call).cache_indices, 4) = 3;  // row 0 has slot 3
   });
@@ -240,8 +241,8 @@ TEST(GpuGuard, DecodeRepeatedSlotSkipsBothRows) {
 TEST(GpuGuard, DecodeCuSeqlensNotOnePerRow) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  ProblemSpec spec = small_spec(Entry::decode, false);
-  spec.decode_cu_seqlens = true;
+  CallPlan spec = small_spec(Entry::decode, false);
+  spec.cu_seqlens = true;
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<DecodeCall>(p.call).cu_seqlens, 2) = 3;
   });
@@ -251,7 +252,7 @@ TEST(GpuGuard, DecodeCuSeqlensNotOnePerRow) {
 TEST(GpuGuard, VerifyBadSeqlensNeverReadPastTheTokens) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  const ProblemSpec spec = small_spec(Entry::verify, false);
+  const CallPlan spec = small_spec(Entry::verify, false);
   // cu_seqlens[N] one past T_tot: the last row would read a token that does not exist.
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<VerifyCall>(p.call).cu_seqlens, 4) += 1;
@@ -270,7 +271,7 @@ TEST(GpuGuard, VerifyBadSeqlensNeverReadPastTheTokens) {
 TEST(GpuGuard, VerifyRowMapMustBeIdentity) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  const ProblemSpec spec = small_spec(Entry::verify, false);
+  const CallPlan spec = small_spec(Entry::verify, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<VerifyCall>(p.call).scratch_row_map, 2) = 0;
   });
@@ -284,9 +285,10 @@ TEST(GpuGuard, VerifyRowMapMustBeIdentity) {
 TEST(GpuGuard, VerifyScratchIndexOutOfRange) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  ProblemSpec spec = small_spec(Entry::verify, false);
+  CallPlan spec = small_spec(Entry::verify, false);
   std::vector<std::int64_t> indices(4 * 4);
   for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>(i) + 3;
+  spec.explicit_scratch_indices = true;
   spec.scratch_indices = indices;
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<VerifyCall>(p.call).scratch_indices, 5) = 25;  // S_spec*T_alloc = 25
@@ -297,7 +299,7 @@ TEST(GpuGuard, VerifyScratchIndexOutOfRange) {
 TEST(GpuGuard, CommitAcceptedPastT) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   DeviceArena arena(std::size_t{64} << 20);
-  const ProblemSpec spec = small_spec(Entry::commit, false);
+  const CallPlan spec = small_spec(Entry::commit, false);
   GuardedRun r = run_guarded(spec, arena, [](HostProblem& p) {
     *host_index(std::get<CommitCall>(p.call).accepted, 3) = 9;
   });
@@ -317,7 +319,7 @@ TEST(GpuGraph, DecodeAndVerifyCaptureAndReplay) {
   for (Entry entry : {Entry::decode, Entry::verify}) {
     for (bool host_values : {true, false}) {
       arena.reset();
-      const ProblemSpec spec = small_spec(entry, host_values);
+      const CallPlan spec = small_spec(entry, host_values);
       OnDevice d = put_on_device(spec, arena);
       gpu::LaunchOptions options;
       options.guard = make_guard(arena, spec.rows());

@@ -40,19 +40,19 @@ namespace {
 using i64 = std::int64_t;
 using reference::ErrorStats;
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 using support::RecordProblem;
 
 constexpr Device kGpu{Device::Kind::cuda, 0};
 
-double tolerance(const ProblemSpec& s) {
+double tolerance(const CallPlan& s) {
   if (s.state_dtype == DType::bf16) return 1e-2;
   const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 &&
                        s.beta_dtype == DType::f32;
   return all_f32 ? 1e-5 : 5e-3;
 }
 
-std::string category(const ProblemSpec& s, const char* what) {
+std::string category(const CallPlan& s, const char* what) {
   const bool all_f32 = s.io_dtype == DType::f32 && s.gate_dtype == DType::f32 &&
                        s.beta_dtype == DType::f32;
   return fmt::format("{} | inputs {} state {}", what, all_f32 ? "f32" : "16-bit",
@@ -75,7 +75,7 @@ void print_worst(const char* test) {
   worst_table().clear();
 }
 
-void expect_close(const ProblemSpec& spec, const char* what, const std::vector<double>& got,
+void expect_close(const CallPlan& spec, const char* what, const std::vector<double>& got,
                   const std::vector<double>& want) {
   if (got.size() != want.size())
     RC_FAIL(fmt::format("{}: {} values against {}", what, got.size(), want.size()));
@@ -138,7 +138,7 @@ void upload_all(const HostProblem& p, const DeviceCopy& copy) {
                "upload");
 }
 
-gpu::LaunchOptions options_for(const ProblemSpec& spec, int chunks_per_block, DeviceArena& arena) {
+gpu::LaunchOptions options_for(const CallPlan& spec, int chunks_per_block, DeviceArena& arena) {
   gpu::LaunchOptions options;
   options.guard = make_guard(arena, spec.rows() + spec.extra_index_entries);
   options.chunks_per_block = chunks_per_block;
@@ -166,7 +166,7 @@ struct GpuDecodeTrace {
 
 // Decodes every token of every active row of a verify or commit problem on the GPU, one decode
 // call per token, on a fresh copy of the problem's bytes (its own upload).
-GpuDecodeTrace decode_on_gpu(const ProblemSpec& spec, std::uint64_t seed, DeviceArena& arena) {
+GpuDecodeTrace decode_on_gpu(const CallPlan& spec, std::uint64_t seed, DeviceArena& arena) {
   HostProblem p = support::materialize(spec, seed);
   const VerifyCall& vc = *p.verify;
   const TensorView slot_index = support::add_index(p, "decode_cache_indices", {0});
@@ -180,12 +180,12 @@ GpuDecodeTrace decode_on_gpu(const ProblemSpec& spec, std::uint64_t seed, Device
   options.guard = make_guard(arena, 1);
 
   GpuDecodeTrace trace;
-  trace.out.assign(spec.seq_lens.size(), {});
-  trace.accepted_state.assign(spec.seq_lens.size(), {});
+  trace.out.assign(spec.row_lengths.size(), {});
+  trace.accepted_state.assign(spec.row_lengths.size(), {});
   i64 first_token = 0;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
-    const i64 slot = spec.slots[n];
-    for (i64 t = 0; slot >= 0 && t < spec.seq_lens[n]; ++t) {
+  for (std::size_t n = 0; n < spec.row_lengths.size(); ++n) {
+    const i64 slot = spec.slot_of_row[n];
+    for (i64 t = 0; slot >= 0 && t < spec.row_lengths[n]; ++t) {
       const i64 token = first_token + t;
       auto row = [&](const OptionalView& v) -> OptionalView {
         return v ? OptionalView(support::slice_rows(*v, token, 1)) : std::nullopt;
@@ -223,22 +223,22 @@ GpuDecodeTrace decode_on_gpu(const ProblemSpec& spec, std::uint64_t seed, Device
         trace.accepted_state[n] = support::read_floats(slot_view);
       }
     }
-    first_token += spec.seq_lens[n];
+    first_token += spec.row_lengths[n];
   }
   return trace;
 }
 
 // The outputs of the active rows, step by step, in the decode trace's order.
 std::vector<double> active_outputs(const HostProblem& p) {
-  const ProblemSpec& s = p.spec;
+  const CallPlan& s = p.plan;
   std::vector<double> all;
   i64 first = 0;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    for (i64 t = 0; s.slots[n] >= 0 && t < s.seq_lens[n]; ++t) {
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    for (i64 t = 0; s.slot_of_row[n] >= 0 && t < s.row_lengths[n]; ++t) {
       const std::vector<double> one = support::read_floats(support::slice_rows(*p.verify->out, first + t, 1));
       all.insert(all.end(), one.begin(), one.end());
     }
-    first += s.seq_lens[n];
+    first += s.row_lengths[n];
   }
   return all;
 }
@@ -274,7 +274,7 @@ support::RecordLayout draw_layout() {
 }
 
 // record_verify on the GPU, then (commit specs) replay_commit; both checked as the header says.
-void check_record_path(const ProblemSpec& spec, std::uint64_t seed, int chunks_per_block,
+void check_record_path(const CallPlan& spec, std::uint64_t seed, int chunks_per_block,
                        const support::RecordLayout& layout, DeviceArena& arena) {
   arena.reset();
   RecordProblem dev = support::materialize_records(spec, seed, layout);
@@ -316,10 +316,10 @@ void check_record_path(const ProblemSpec& spec, std::uint64_t seed, int chunks_p
   RC_ASSERT(reference::verify(*state_writing.verify).ok());
   RC_ASSERT(reference::commit(*state_writing.commit).ok());
   std::vector<double> got, want, decoded;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n) {
-    if (spec.slots[n] < 0 || spec.accepted[n] == 0) continue;
-    const std::vector<double> g = support::read_slot(*dev.host.commit->state, spec.slots[n]);
-    const std::vector<double> w = support::read_slot(*state_writing.commit->state, spec.slots[n]);
+  for (std::size_t n = 0; n < spec.row_lengths.size(); ++n) {
+    if (spec.slot_of_row[n] < 0 || spec.accepted[n] == 0) continue;
+    const std::vector<double> g = support::read_slot(*dev.host.commit->state, spec.slot_of_row[n]);
+    const std::vector<double> w = support::read_slot(*state_writing.commit->state, spec.slot_of_row[n]);
     got.insert(got.end(), g.begin(), g.end());
     want.insert(want.end(), w.begin(), w.end());
     decoded.insert(decoded.end(), decodes.accepted_state[n].begin(),
@@ -329,10 +329,10 @@ void check_record_path(const ProblemSpec& spec, std::uint64_t seed, int chunks_p
   expect_close(spec, "replay_commit state vs GPU decodes", got, decoded);
 }
 
-void check_replay_of_nothing(ProblemSpec spec, std::uint64_t seed, int chunks_per_block,
+void check_replay_of_nothing(CallPlan spec, std::uint64_t seed, int chunks_per_block,
                              DeviceArena& arena) {
   arena.reset();
-  spec.accepted.assign(spec.seq_lens.size(), 0);
+  spec.accepted.assign(spec.row_lengths.size(), 0);
   RecordProblem dev = support::materialize_records(spec, seed);
   const DeviceCopy copy = upload(dev.host, arena);
   const gpu::LaunchOptions options = options_for(spec, chunks_per_block, arena);
@@ -361,7 +361,7 @@ AcceptVerifyCall fused_call(const RecordVerifyCall& draft, const TensorView& pri
 
 // Two speculative steps of one batch: the first verified by records on the GPU (its accepted
 // counts are the commit spec's), the second a fresh draft of the same shape on the first's pool.
-void check_accept_verify(const ProblemSpec& spec, std::uint64_t seed, std::uint64_t draft_seed,
+void check_accept_verify(const CallPlan& spec, std::uint64_t seed, std::uint64_t draft_seed,
                          int chunks_per_block, const support::RecordLayout& layout,
                          DeviceArena& arena) {
   arena.reset();
@@ -392,9 +392,9 @@ void check_accept_verify(const ProblemSpec& spec, std::uint64_t seed, std::uint6
   const std::vector<double> ref_out = support::read_floats(*second.host.verify->out);
   const std::vector<double> ref_records = concat(records_written(second));
   std::vector<double> ref_state;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n)
-    if (spec.slots[n] >= 0) {
-      const auto s = support::read_slot(*first.host.verify->state, spec.slots[n]);
+  for (std::size_t n = 0; n < spec.row_lengths.size(); ++n)
+    if (spec.slot_of_row[n] >= 0) {
+      const auto s = support::read_slot(*first.host.verify->state, spec.slot_of_row[n]);
       ref_state.insert(ref_state.end(), s.begin(), s.end());
     }
 
@@ -413,9 +413,9 @@ void check_accept_verify(const ProblemSpec& spec, std::uint64_t seed, std::uint6
   expect_close(spec, "accept_verify records vs reference", concat(records_written(second)),
                ref_records);
   std::vector<double> state;
-  for (std::size_t n = 0; n < spec.seq_lens.size(); ++n)
-    if (spec.slots[n] >= 0) {
-      const auto s = support::read_slot(*first.host.verify->state, spec.slots[n]);
+  for (std::size_t n = 0; n < spec.row_lengths.size(); ++n)
+    if (spec.slot_of_row[n] >= 0) {
+      const auto s = support::read_slot(*first.host.verify->state, spec.slot_of_row[n]);
       state.insert(state.end(), s.begin(), s.end());
     }
   expect_close(spec, "accept_verify state vs reference", state, ref_state);
@@ -450,7 +450,7 @@ template <class Body> void run_property(const char* name, int fallback_cases, Bo
 // Two speculative steps of a commit spec on the GPU: record_verify and replay_commit of the first
 // draft, then accept_verify of a second draft on the same pool, replaying the first's records; on
 // `stream` when given (captured), else on the default stream. Returns the pair's bytes afterwards.
-std::pair<support::Snapshot, support::Snapshot> two_record_steps(const ProblemSpec& spec,
+std::pair<support::Snapshot, support::Snapshot> two_record_steps(const CallPlan& spec,
                                                                  std::uint64_t seed,
                                                                  DeviceArena& arena,
                                                                  bool captured) {
@@ -490,7 +490,7 @@ std::pair<support::Snapshot, support::Snapshot> two_record_steps(const ProblemSp
 TEST(GpuRecords, PreparedCallsCaptureAndReplay) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("prepared record calls under capture", 20, [](DeviceArena& arena) {
-    const ProblemSpec spec = *support::gen_commit_spec(limits());
+    const CallPlan spec = *support::gen_commit_problem(limits());
     for (Entry e : {Entry::record_verify, Entry::replay_commit, Entry::accept_verify}) {
       const Status s = gpu::prepare(e, spec.K, spec.V, spec.io_dtype, spec.state_dtype, kGpu);
       if (!s.ok()) RC_FAIL(fmt::format("prepare({}): {}", entry_name(e), to_string(s)));
@@ -507,7 +507,7 @@ TEST(GpuRecords, PreparedCallsCaptureAndReplay) {
 TEST(GpuRecords, RecordVerifyMatchesReferenceAndDecodes) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("record_verify", 200, [](DeviceArena& arena) {
-    const ProblemSpec spec = *support::gen_verify_spec(limits());
+    const CallPlan spec = *support::gen_verify_problem(limits());
     check_record_path(spec, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
                       draw_layout(), arena);
   });
@@ -516,7 +516,7 @@ TEST(GpuRecords, RecordVerifyMatchesReferenceAndDecodes) {
 TEST(GpuRecords, ReplayCommitMatchesReferenceAndDecodes) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("record_verify+replay_commit", 200, [](DeviceArena& arena) {
-    const ProblemSpec spec = *support::gen_commit_spec(limits());
+    const CallPlan spec = *support::gen_commit_problem(limits());
     check_record_path(spec, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
                       draw_layout(), arena);
   });
@@ -525,7 +525,7 @@ TEST(GpuRecords, ReplayCommitMatchesReferenceAndDecodes) {
 TEST(GpuRecords, ReplayCommitOfNothingChangesNothing) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("replay_commit of 0", 100, [](DeviceArena& arena) {
-    check_replay_of_nothing(*support::gen_commit_spec(limits()),
+    check_replay_of_nothing(*support::gen_commit_problem(limits()),
                             *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9), arena);
   });
 }
@@ -533,7 +533,7 @@ TEST(GpuRecords, ReplayCommitOfNothingChangesNothing) {
 TEST(GpuRecords, AcceptVerifyIsReplayCommitThenRecordVerify) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("accept_verify", 200, [](DeviceArena& arena) {
-    const ProblemSpec spec = *support::gen_commit_spec(limits());
+    const CallPlan spec = *support::gen_commit_problem(limits());
     check_accept_verify(spec, *rc::gen::arbitrary<std::uint64_t>(),
                         *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
                         draw_layout(), arena);
@@ -542,18 +542,19 @@ TEST(GpuRecords, AcceptVerifyIsReplayCommitThenRecordVerify) {
 
 // Batches of serving sizes (the generators stay at 12 rows): B rows of T tokens each, one padding
 // row, the rest on distinct slots of a larger pool, accepted counts drawn per row.
-ProblemSpec batch_spec(ProblemSpec spec, i64 B, i64 T) {
-  spec.seq_lens.assign(static_cast<std::size_t>(B), T);
-  spec.draft_tokens = T;
-  spec.scratch_steps = T;
-  spec.scratch_rows = B;
-  spec.scratch_indices.reset();
-  spec.scratch_row_map = true;
+CallPlan batch_spec(CallPlan spec, i64 B, i64 T) {
+  spec.row_lengths.assign(static_cast<std::size_t>(B), T);
+  spec.T = T;
+  spec.T_alloc = T;
+  spec.S_spec = B;
+  spec.explicit_scratch_indices = false;
+  spec.scratch_indices.clear();
+  spec.row_map = true;
   spec.extra_index_entries = 0;
-  spec.pool_slots = B + 3;
-  spec.slots.clear();
-  for (i64 n = 0; n < B; ++n) spec.slots.push_back((n * 7 + 1) % (B + 3));
-  spec.slots[static_cast<std::size_t>(B / 2)] = -1;
+  spec.slots = B + 3;
+  spec.slot_of_row.clear();
+  for (i64 n = 0; n < B; ++n) spec.slot_of_row.push_back((n * 7 + 1) % (B + 3));
+  spec.slot_of_row[static_cast<std::size_t>(B / 2)] = -1;
   spec.accepted.clear();
   for (i64 n = 0; n < B; ++n) spec.accepted.push_back(*rc::gen::inRange<i64>(0, T + 1));
   return spec;
@@ -566,7 +567,7 @@ TEST(GpuRecords, ServingBatchSizes) {
     const i64 T = *rc::gen::element<i64>(2, 4, 8);
     support::GenLimits l = limits();
     l.max_draft_tokens = T;
-    const ProblemSpec spec = batch_spec(*support::gen_commit_spec(l), B, T);
+    const CallPlan spec = batch_spec(*support::gen_commit_problem(l), B, T);
     RC_TAG(B, T, dtype_name(spec.state_dtype));
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     check_record_path(spec, seed, 0, {}, arena);
@@ -582,7 +583,7 @@ TEST(GpuRecords, ServingBatchSizes) {
 TEST(GpuRecords, DeferredPriorAcceptedSkipsExactlyItsRow) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   run_property("deferred prior_accepted", 30, [](DeviceArena& arena) {
-    const ProblemSpec spec = batch_spec(*support::gen_commit_spec(limits()), 5,
+    const CallPlan spec = batch_spec(*support::gen_commit_problem(limits()), 5,
                                         *rc::gen::inRange<i64>(1, 9));
     const i64 bad_row = *rc::gen::element<i64>(0, 1, 3, 4);  // row 2 is the padding row
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
@@ -625,11 +626,11 @@ TEST(GpuRecords, DeferredPriorAcceptedSkipsExactlyItsRow) {
     const HostProblem untouched = support::materialize(spec, seed);
     i64 first = 0;
     for (i64 n = 0; n < spec.rows(); ++n) {
-      const i64 len = spec.seq_lens[static_cast<std::size_t>(n)];
+      const i64 len = spec.row_lengths[static_cast<std::size_t>(n)];
       const std::vector<double> got =
           support::read_floats(support::slice_rows(*broken_draft.host.verify->out, first, len));
       first += len;
-      const i64 slot = spec.slots[static_cast<std::size_t>(n)];
+      const i64 slot = spec.slot_of_row[static_cast<std::size_t>(n)];
       if (n != bad_row) {
         RC_ASSERT(got == support::read_floats(
                              support::slice_rows(*clean_draft.host.verify->out, first - len, len)));

@@ -11,25 +11,24 @@
 namespace kdaguard::reference {
 namespace {
 
-support::ProblemSpec kimi_linear_prefill(GateKind gate) {
-  support::ProblemSpec spec;
+support::CallPlan kimi_linear_prefill(GateKind gate) {
+  support::CallPlan spec;
   spec.entry = Entry::prefill;
   spec.H = spec.HV = 32;
   spec.K = spec.V = 128;
   spec.io_dtype = spec.gate_dtype = DType::bf16;
   spec.beta_dtype = DType::bf16;
   spec.state_dtype = DType::f32;
-  spec.gate_kind = gate;
-  spec.lower_bound = -5.0;
-  spec.beta_kind = BetaKind::logits;
+  spec.set_gate_kind(gate, -5.0);
+  spec.beta_logits = true;
   spec.use_qk_l2norm = true;
-  spec.seq_lens = {1024};
-  spec.slots = {0};
-  spec.pool_slots = 1;
+  spec.row_lengths = {1024};
+  spec.slot_of_row = {0};
+  spec.slots = 1;
   return spec;
 }
 
-void expect_f32_chunked_close(const support::ProblemSpec& spec, const char* label) {
+void expect_f32_chunked_close(const support::CallPlan& spec, const char* label) {
   const support::HostProblem problem = support::materialize(spec, 2024);
   const auto& call = std::get<PrefillCall>(problem.call);
   const PrefillResult exact = prefill_values(call);
@@ -59,16 +58,16 @@ TEST(ChunkedNumerics, KimiLinearShapeLowerBoundF32WithinTolerance) {
 // G_i - G_j cancel in f32, losing ~1000 * 2^-24 of absolute accuracy per exponent; summing the
 // gates between i and j keeps every exponent accurate. f64 is fine either way.
 TEST(ChunkedNumerics, ExponentsFromGateSumsSurviveStrongDecaysInF32) {
-  support::ProblemSpec spec;
+  support::CallPlan spec;
   spec.entry = Entry::prefill;
   spec.H = spec.HV = 2;
   spec.K = spec.V = 64;
-  spec.gate_kind = GateKind::activated;
+  spec.set_gate_kind(GateKind::activated, 0);
   spec.strong_decay_fraction = 0.2;
   spec.use_qk_l2norm = true;
-  spec.seq_lens = {64, 17};
-  spec.slots = {1, 0};
-  spec.pool_slots = 2;
+  spec.row_lengths = {64, 17};
+  spec.slot_of_row = {1, 0};
+  spec.slots = 2;
   const support::HostProblem problem = support::materialize(spec, 99);
   const auto& call = std::get<PrefillCall>(problem.call);
   const PrefillResult exact = prefill_values(call);

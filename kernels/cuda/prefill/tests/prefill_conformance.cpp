@@ -36,7 +36,7 @@ namespace {
 
 using reference::ErrorStats;
 using support::HostProblem;
-using support::ProblemSpec;
+using support::CallPlan;
 
 // Every allocation of a host problem mirrored in device memory.
 class DeviceCopy {
@@ -118,7 +118,7 @@ class DeviceGuardBuffers {
 struct Tolerance {
   double out, state;
 };
-Tolerance tolerance_for(const ProblemSpec& s) {
+Tolerance tolerance_for(const CallPlan& s) {
   const double out = s.io_dtype == DType::f32 ? 1e-5 : 5e-3;
   return {out, s.state_dtype == DType::bf16 ? 1e-2 : out};
 }
@@ -135,7 +135,7 @@ double rounding_floor(const std::vector<double>& ref, DType dtype) {
 // of the state's dtype and the inputs' (an f32 state computed from 16-bit operands cannot be closer
 // to the f64 result than those operands are to their own exact values; with f32 inputs and state,
 // f32's).
-DType state_floor_dtype(const ProblemSpec& s) {
+DType state_floor_dtype(const CallPlan& s) {
   if (s.state_dtype == DType::bf16 || s.io_dtype == DType::bf16) return DType::bf16;
   return s.io_dtype;
 }
@@ -149,12 +149,12 @@ struct Judgement {
 // The reference's final states of every sequence with tokens, and the GPU's, side by side.
 void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
                     std::vector<double>& gpu, std::vector<double>& expected) {
-  const ProblemSpec& s = hp.spec;
+  const CallPlan& s = hp.plan;
   const PrefillCall& call = std::get<PrefillCall>(hp.call);
   const std::size_t per_seq = static_cast<std::size_t>(s.HV) * s.V * s.K;
-  for (std::size_t n = 0; n < s.seq_lens.size(); ++n) {
-    if (s.seq_lens[n] == 0) continue;  // untouched: the write oracle covers it
-    const std::vector<double> slot = support::read_slot(*call.initial_state, s.slots[n]);
+  for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
+    if (s.row_lengths[n] == 0) continue;  // untouched: the write oracle covers it
+    const std::vector<double> slot = support::read_slot(*call.initial_state, s.slot_of_row[n]);
     gpu.insert(gpu.end(), slot.begin(), slot.end());
     expected.insert(expected.end(), ref.final_state.begin() + n * per_seq,
                     ref.final_state.begin() + (n + 1) * per_seq);
@@ -171,7 +171,7 @@ enum class Launch { direct, graph, split };
 // Runs the spec's prefill on the GPU and judges it against the f64 reference.
 // state_scale multiplies the initial pool's values (f32 pools; the generator draws them in
 // [-1, 1]).
-Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct,
+Judgement run_and_judge(const CallPlan& spec, std::uint64_t seed, Launch launch = Launch::direct,
                         std::int32_t chunks_per_span = 0, double state_scale = 1.0) {
   Judgement j;
   HostProblem hp = support::materialize(spec, seed);
@@ -192,7 +192,7 @@ Judgement run_and_judge(const ProblemSpec& spec, std::uint64_t seed, Launch laun
   DeviceCopy device(hp);
   const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
   const PrefillCall& call = std::get<PrefillCall>(on_device);
-  DeviceGuardBuffers guard(static_cast<std::int64_t>(spec.seq_lens.size()));
+  DeviceGuardBuffers guard(static_cast<std::int64_t>(spec.row_lengths.size()));
   const auto prefill_on = [&](cudaStream_t stream) {
     gpu::LaunchOptions options = guard.options();
     options.stream = stream;
@@ -259,7 +259,7 @@ struct Worst {
 };
 struct WorstTable {
   Worst by_io[3][3];  // [io][state]: f32, f16, bf16 (DType order)
-  void add(const ProblemSpec& s, const Judgement& j) {
+  void add(const CallPlan& s, const Judgement& j) {
     by_io[static_cast<int>(s.io_dtype)][static_cast<int>(s.state_dtype)].add(j);
   }
   ~WorstTable() {
@@ -276,17 +276,17 @@ struct WorstTable {
 };
 WorstTable worst;
 
-void expect_conforms(const ProblemSpec& spec, std::uint64_t seed, Launch launch = Launch::direct,
+void expect_conforms(const CallPlan& spec, std::uint64_t seed, Launch launch = Launch::direct,
                      std::int32_t chunks_per_span = 0) {
   const Judgement j = run_and_judge(spec, seed, launch, chunks_per_span);
   worst.add(spec, j);
-  EXPECT_TRUE(j.failure.empty()) << j.failure << "\n  spec: " << support::describe(spec)
+  EXPECT_TRUE(j.failure.empty()) << j.failure << "\n  plan: " << support::describe(spec)
                                  << " seed=" << seed;
 }
 
-ProblemSpec prefill_spec(std::vector<std::int64_t> lens, int H, int HV, int K, int V, DType io,
-                         DType state, GateKind gate) {
-  ProblemSpec s;
+CallPlan prefill_spec(std::vector<std::int64_t> lens, int H, int HV, int K, int V, DType io,
+                      DType state, GateKind gate) {
+  CallPlan s;
   s.entry = Entry::prefill;
   s.H = H;
   s.HV = HV;
@@ -294,14 +294,14 @@ ProblemSpec prefill_spec(std::vector<std::int64_t> lens, int H, int HV, int K, i
   s.V = V;
   s.io_dtype = io;
   s.state_dtype = state;
-  s.gate_kind = gate;
+  s.set_gate_kind(gate, -5.0);
   s.gate_dtype = io;
   s.beta_dtype = io;
   s.use_qk_l2norm = true;
-  s.seq_lens = std::move(lens);
-  const auto N = static_cast<std::int64_t>(s.seq_lens.size());
-  s.pool_slots = N + 3;
-  for (std::int64_t n = 0; n < N; ++n) s.slots.push_back(s.pool_slots - 1 - n);  // distinct
+  s.row_lengths = std::move(lens);
+  const auto N = static_cast<std::int64_t>(s.row_lengths.size());
+  s.slots = N + 3;
+  for (std::int64_t n = 0; n < N; ++n) s.slot_of_row.push_back(s.slots - 1 - n);  // distinct
   return s;
 }
 
@@ -316,9 +316,9 @@ TEST(PrefillGpu, EdgeLengthsEveryShape) {
       for (DType io : {DType::bf16, DType::f16, DType::f32})
         for (GateKind gate : {GateKind::bounded, GateKind::softplus, GateKind::activated})
           for (DType state : {DType::f32, DType::bf16}) {
-            ProblemSpec s = prefill_spec(kEdgeLengths, 1, 2, K, V, io, state, gate);
-            s.beta_kind = seed % 2 ? BetaKind::logits : BetaKind::activated;
-            s.cu_seqlens_dtype = seed % 3 ? DType::i32 : DType::i64;
+            CallPlan s = prefill_spec(kEdgeLengths, 1, 2, K, V, io, state, gate);
+            s.beta_logits = seed % 2 != 0;
+            s.cu_dtype = seed % 3 ? DType::i32 : DType::i64;
             s.gate_dtype = gate == GateKind::activated && seed % 2 ? DType::f32 : io;
             s.strong_decay_fraction = gate == GateKind::softplus ? 0.1 : 0.0;
             expect_conforms(s, seed++);
@@ -332,7 +332,7 @@ TEST(PrefillGpu, StrongDecays) {
   std::uint64_t seed = 100;
   for (GateKind gate : {GateKind::softplus, GateKind::activated, GateKind::bounded})
     for (DType io : {DType::bf16, DType::f16}) {
-      ProblemSpec s = prefill_spec({40, 200, 16}, 2, 4, 128, 128, io, DType::f32, gate);
+      CallPlan s = prefill_spec({40, 200, 16}, 2, 4, 128, 128, io, DType::f32, gate);
       s.strong_decay_fraction = 0.3;
       if (gate == GateKind::activated) s.gate_dtype = DType::f32;  // a raw gate is io-typed
       expect_conforms(s, seed++);
@@ -344,18 +344,18 @@ TEST(PrefillGpu, LongSequences) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   std::uint64_t seed = 200;
   {
-    ProblemSpec s = prefill_spec({8197}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+    CallPlan s = prefill_spec({8197}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
     expect_conforms(s, seed++);
   }
   {
     std::vector<std::int64_t> lens = kEdgeLengths;
     lens.push_back(8230);
-    ProblemSpec s = prefill_spec(lens, 1, 1, 128, 128, DType::f16, DType::bf16, GateKind::softplus);
+    CallPlan s = prefill_spec(lens, 1, 1, 128, 128, DType::f16, DType::bf16, GateKind::softplus);
     s.strong_decay_fraction = 0.02;
     expect_conforms(s, seed++);
   }
   {
-    ProblemSpec s = prefill_spec({3000, 9000}, 1, 1, 64, 128, DType::bf16, DType::f32, GateKind::activated);
+    CallPlan s = prefill_spec({3000, 9000}, 1, 1, 64, 128, DType::bf16, DType::f32, GateKind::activated);
     s.use_qk_l2norm = false;
     expect_conforms(s, seed++);
   }
@@ -379,11 +379,11 @@ TEST(PrefillGpu, GraphCaptureAndReplay) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   std::vector<std::int64_t> lens = kEdgeLengths;
   lens.push_back(2100);
-  const ProblemSpec chunked = prefill_spec(lens, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
-  const ProblemSpec per_token = prefill_spec({17, 0, 40}, 1, 2, 64, 128, DType::f32, DType::bf16,
+  const CallPlan chunked = prefill_spec(lens, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+  const CallPlan per_token = prefill_spec({17, 0, 40}, 1, 2, 64, 128, DType::f32, DType::bf16,
                                              GateKind::softplus);
   std::uint64_t seed = 400;
-  for (const ProblemSpec& spec : {chunked, per_token}) {
+  for (const CallPlan& spec : {chunked, per_token}) {
     expect_conforms(spec, seed++, Launch::direct);  // the warm-up call
     expect_conforms(spec, seed++, Launch::graph);
   }
@@ -400,17 +400,17 @@ TEST(PrefillGpu, SplitChainMatchesReference) {
   for (int K : {64, 128})
     for (int V : {64, 128})
       for (DType io : {DType::bf16, DType::f16}) {
-        ProblemSpec s = prefill_spec(lens, 1, 2, K, V, io, seed % 2 ? DType::bf16 : DType::f32,
+        CallPlan s = prefill_spec(lens, 1, 2, K, V, io, seed % 2 ? DType::bf16 : DType::f32,
                                      seed % 3 ? GateKind::bounded : GateKind::softplus);
         s.strong_decay_fraction = seed % 4 == 0 ? 0.1 : 0.0;
         for (std::int32_t span : {0, 1, 2, 3, 7, 64}) expect_conforms(s, seed, Launch::split, span);
         ++seed;
       }
-  ProblemSpec strong = prefill_spec({40, 200, 16, 1000}, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::softplus);
+  CallPlan strong = prefill_spec({40, 200, 16, 1000}, 2, 4, 128, 128, DType::bf16, DType::f32, GateKind::softplus);
   strong.strong_decay_fraction = 0.3;
   for (std::int32_t span : {1, 4, 16}) expect_conforms(strong, seed, Launch::split, span);
   ++seed;
-  const ProblemSpec long_one = prefill_spec({16387}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+  const CallPlan long_one = prefill_spec({16387}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
   for (std::int32_t span : {0, 5, 32, 200}) expect_conforms(long_one, seed, Launch::split, span);
 }
 
@@ -427,8 +427,8 @@ TEST(PrefillGpu, F16NearItsRoundingFloor) {
   for (GateKind gate : {GateKind::bounded, GateKind::softplus})
     for (double lower_bound : {-5.0, -1.0}) {
       if (gate == GateKind::softplus && lower_bound != -5.0) continue;
-      ProblemSpec s = prefill_spec({1000, 65, 17, 2100}, 1, 2, 128, 128, DType::f16, DType::f32, gate);
-      s.lower_bound = lower_bound;
+      CallPlan s = prefill_spec({1000, 65, 17, 2100}, 1, 2, 128, 128, DType::f16, DType::f32, gate);
+      if (gate == GateKind::bounded) s.lower_bound = lower_bound;
       s.strong_decay_fraction = gate == GateKind::softplus ? 0.02 : 0.0;
       for (std::int32_t span : {0, 3, 16}) {
         const Judgement j = run_and_judge(s, seed, Launch::split, span);
@@ -451,7 +451,7 @@ TEST(PrefillGpu, F16NearItsRoundingFloor) {
 // combine scales its rows); results within the 16-bit tolerance, at bf16's accuracy.
 TEST(PrefillGpu, F16InputsLargeState) {
   KDAGUARD_SKIP_WITHOUT_GPU();
-  ProblemSpec s = prefill_spec({300, 17}, 1, 2, 128, 128, DType::f16, DType::f32, GateKind::bounded);
+  CallPlan s = prefill_spec({300, 17}, 1, 2, 128, 128, DType::f16, DType::f32, GateKind::bounded);
   s.lower_bound = -0.25;  // slow decay: the large state lasts the whole sequence
   for (std::int32_t span : {0, 4}) {
     const Judgement j = run_and_judge(s, 800, Launch::split, span, 3e5);  // not in the worst table
@@ -467,7 +467,7 @@ TEST(PrefillGpu, RandomCallsSplitMatchReference) {
   const bool ok = rc::check("split prefill on the GPU matches the f64 reference", [] {
     support::GenLimits limits;
     limits.max_seq_len = 200;
-    const ProblemSpec spec = *support::gen_prefill_spec(limits);
+    const CallPlan spec = *support::gen_prefill_problem(limits);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const auto span = *rc::gen::inRange<std::int32_t>(1, 9);
     const Judgement j = run_and_judge(spec, seed, Launch::split, span);
@@ -484,7 +484,7 @@ TEST(PrefillGpu, RandomCallsMatchReference) {
   const bool ok = rc::check("prefill on the GPU matches the f64 reference", [] {
     support::GenLimits limits;
     limits.max_seq_len = 200;
-    const ProblemSpec spec = *support::gen_prefill_spec(limits);
+    const CallPlan spec = *support::gen_prefill_problem(limits);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Judgement j = run_and_judge(spec, seed);
     worst.add(spec, j);
@@ -500,10 +500,10 @@ TEST(PrefillGpu, RandomCallsMatchReference) {
 TEST(PrefillGpu, DeviceChecksSkipFaultySequences) {
   KDAGUARD_SKIP_WITHOUT_GPU();
   for (DType io : {DType::bf16, DType::f32}) {
-    ProblemSpec s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, io, DType::f32, GateKind::bounded);
-    s.host_values = false;
-    s.pool_slots = 6;
-    s.slots = {4, 1, 2};
+    CallPlan s = prefill_spec({20, 33, 17}, 1, 2, 64, 64, io, DType::f32, GateKind::bounded);
+    s.set_all_values(false);
+    s.slots = 6;
+    s.slot_of_row = {4, 1, 2};
     HostProblem hp = support::materialize(s, 400);
     hp.poison_outputs();
     const auto pool_of = [&](const HostProblem& p, std::int64_t slot) {
