@@ -4,9 +4,10 @@ bench/bench_prefill.cu: K = V = 128, bf16 inputs, f32 initial state, raw gate wi
 lower_bound -5 (safe_gate), beta logits and the L2 norm in the kernel.
 
 Run on the GPU machine with fla on PYTHONPATH. Prints one line per shape as it goes (median of
-triton.testing.do_bench, after a warm-up that includes Triton's autotuning) and a JSON summary.
-Shapes run in order of importance, so a timeout still leaves the headline figures; arguments,
-when given, select shapes by substring of their names.
+triton.testing.do_bench, after a warm-up that includes Triton's autotuning), each followed by the
+JSON summary of the shapes so far (the last such line is the run's). Shapes run in order of
+importance, so a timeout still leaves the headline figures; arguments, when given, select shapes by
+substring of their names.
 """
 import json
 import sys
@@ -78,8 +79,8 @@ def main():
         results[name] = {"ms": ms, "token_heads_per_s": token_heads / (ms * 1e-3)}
         print(f"[peer chunk_kda] {name:18s} {ms:8.3f} ms  {token_heads / (ms * 1e-3):.3e} token-heads/s",
               flush=True)
-    json.dump(results, sys.stdout)
-    print()
+        # The summary so far after every shape, so a run cut off by its time limit keeps it.
+        print(json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":
