@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Plots prefill token-heads per second against heads, ours (bench_prefill's Google Benchmark
-JSON) beside the peer (scripts/peer_chunk_kda.py's JSON line, optional), one line per sequence
-length at B = 1. Usage: plot_prefill.py bench.json [peer.json] out.png"""
+JSON) beside the peer (optional: a run's log from scripts/peer_chunk_kda.py, whose last JSON line
+is its summary, or a stored JSON document of the same form such as
+bench/baselines/peer_prefill.json, drawn as stored figures), one line per sequence length at B = 1.
+Usage: plot_prefill.py bench.json [peer.log | peer.json] out.png"""
 import json
 import re
 import sys
@@ -22,14 +24,25 @@ def ours(path):
 
 
 def peer(path):
-    points = {}
-    with open(path) as f:
-        lines = [line for line in f if line.startswith("{")]
-    for name, r in (json.loads(lines[-1]).items() if lines else []):
+    """The peer's series: {label: {T: [(H, rate)]}}. A run's log gives one series; a stored
+    document one per fla version its entries' sources name, so versions are never joined."""
+    text = open(path).read()
+    try:
+        summary, stored = json.loads(text), True
+    except json.JSONDecodeError:
+        lines = [line for line in text.splitlines() if line.startswith("{")]
+        summary, stored = (json.loads(lines[-1]) if lines else {}), False
+    series = {}
+    for name, r in summary.items():
         m = re.match(r"T=(\d+) H=(\d+) B=1$", name)
-        if m:
-            points.setdefault(int(m[1]), []).append((int(m[2]), r["token_heads_per_s"]))
-    return points
+        if not m:
+            continue
+        label = "fla chunk_kda"
+        if stored:
+            version = re.search(r"fla-core ([0-9.]+)", r.get("source", ""))
+            label += f" {version[1] if version else '?'} (stored)"
+        series.setdefault(label, {}).setdefault(int(m[1]), []).append((int(m[2]), r["token_heads_per_s"]))
+    return series
 
 
 def main():
@@ -38,8 +51,8 @@ def main():
         sys.exit(__doc__)
     series = [("ours", ours(args[0]), "-o")]
     if len(args) == 3:
-        series.append(("fla chunk_kda", peer(args[1]), "--s"))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+        series += [(label, points, "--s") for label, points in sorted(peer(args[1]).items())]
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     for label, points, style in series:
         for T, pts in sorted(points.items()):
             pts.sort()
@@ -48,7 +61,7 @@ def main():
     ax.set_ylabel("token-heads per second")
     ax.set_title("KDA prefill on one H200, K = V = 128, bf16")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, never over a point
     fig.tight_layout()
     fig.savefig(args[-1], dpi=120)
 

@@ -6,12 +6,14 @@
 #   BUILD_DIR   build tree holding the test and bench binaries (default: build)
 #   GPU_CASES   random calls per conformance property (default 1000)
 #   SANITIZER_CASES  calls per property under compute-sanitizer memcheck and racecheck (default 8)
-#   PEER=1      also time the peer (bench/peer_fla.py; needs fla importable by python3)
+#   PEER=1      also time the peer (bench/peer_fla.py and scripts/peer_chunk_kda.py; needs fla
+#               importable by python3); without it the prefill plot shows the stored peer figures
 #   FUZZ_GPU_BUILD    build tree of the fuzz-gpu preset (default build-fuzz-gpu); its fuzz_gpu runs
 #                     FUZZ_GPU_SECONDS (default 120) per mode, else build's replayer runs the corpus
 #   PREFILL_CASES     random calls per prefill conformance property (default 400)
-#   T_CONF, T_SAN, T_BENCH, T_SPEC_BENCH, T_PEER, T_DRIFT, T_PREFILL_CONF, T_PREFILL_BENCH  per-step
-#                     time limits in seconds (300, 120 each, 300, 240, 420, 600, 300, 240)
+#   T_CONF, T_SAN, T_BENCH, T_SPEC_BENCH, T_PEER, T_DRIFT, T_PREFILL_CONF, T_PREFILL_BENCH,
+#   T_PREFILL_PEER    per-step time limits in seconds (300, 120 each, 300, 240, 420, 600, 300, 240,
+#                     300)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir=${1:?usage: scripts/gpu_report.sh REPORT_DIR}
@@ -172,9 +174,22 @@ if [ -f bench/baselines/bench_prefill.json ] && [ -s "$report_dir/bench_prefill.
   { echo; echo "### Against bench/baselines/bench_prefill.json"; echo;
     python3 bench/compare_baselines.py "$report_dir/bench_prefill.json"; } >>"$summary" || true
 fi
+# The prefill peer: this run's when PEER=1 (fla's autotuning takes about a minute per shape, so
+# it has its own limit and prints its summary after every shape), else the stored figures.
+prefill_peer=bench/baselines/peer_prefill.json
+if [ "${PEER:-0}" = 1 ]; then
+  echo "== prefill peer (flash-linear-attention chunk_kda)"
+  timeout "${T_PREFILL_PEER:-300}" python3 scripts/peer_chunk_kda.py >"$report_dir/peer_prefill.log" 2>&1
+  if grep -q "^{" "$report_dir/peer_prefill.log"; then
+    prefill_peer="$report_dir/peer_prefill.log"
+    { echo; echo "### Prefill peer, same run"; echo '```';
+      grep "peer chunk_kda" "$report_dir/peer_prefill.log"; echo '```'; } >>"$summary"
+  fi
+fi
 if [ -s "$report_dir/bench_prefill.json" ] && python3 bench/plot_prefill.py \
-     "$report_dir/bench_prefill.json" "$report_dir/prefill_heads.png" >>"$report_dir/bench_prefill.log" 2>&1; then
-  echo "Plot: prefill_heads.png" >>"$summary"
+     "$report_dir/bench_prefill.json" "$prefill_peer" "$report_dir/prefill_heads.png" \
+     >>"$report_dir/bench_prefill.log" 2>&1; then
+  echo "Plot: prefill_heads.png (the peer: $prefill_peer)" >>"$summary"
 fi
 
 cat "$summary"
