@@ -292,7 +292,7 @@ std::vector<bool> faulty_rows(const CallPlan& s, const IndexValues& v) {
         break;
       case Entry::record_verify:
       case Entry::replay_commit:
-      case Entry::accept_verify: break;  // no GPU kernels for the record-based path yet
+      case Entry::accept_verify: break;  // not drawn here (kEntries): gpu_records covers their kernels
     }
     faulty[static_cast<std::size_t>(n)] = f != 0;
   }
@@ -423,7 +423,7 @@ std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<
         break;
       case Entry::record_verify:
       case Entry::replay_commit:
-      case Entry::accept_verify: break;  // no GPU kernels for the record-based path yet
+      case Entry::accept_verify: break;  // not drawn here (kEntries): gpu_records covers their kernels
     }
   }
   return regions;
