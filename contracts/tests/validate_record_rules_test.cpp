@@ -7,6 +7,8 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kdaguard/contracts/validate.h"
 #include "record_calls.h"
@@ -245,6 +247,59 @@ TEST(RecordRules, NoRowCountDefersTheRowRules) {
   av.q = view(DType::bf16, {9, 128});
   const Verdict w = validate(av);
   EXPECT_EQ(rules_of(w), std::set<RuleId>{RuleId::arg_rank}) << describe(w);
+}
+
+// The inputs an output's alias.overlap violations name ("output X bytes [..) overlap Y bytes
+// [..)"), in the verdict's order; each must be reported on `output`.
+std::vector<std::string> overlapped_inputs(const Verdict& v, std::string_view output) {
+  std::vector<std::string> names;
+  for (const Violation& x : v.violations) {
+    if (x.rule != RuleId::alias_overlap) continue;
+    EXPECT_EQ(x.argument, output) << describe(v);
+    const std::size_t from = x.message.find(" overlap ");
+    const std::size_t to = x.message.find(" bytes ", from + 1);
+    if (from == std::string::npos || to == std::string::npos) {
+      ADD_FAILURE() << "alias.overlap message names no input: " << x.message;
+      continue;
+    }
+    names.push_back(x.message.substr(from + 9, to - from - 9));
+  }
+  return names;
+}
+
+// An output laid over several inputs gets one alias.overlap for each, on the output, naming the
+// inputs in argument order: out over q, k, v, both gate forms, A_log, dt_bias and both beta forms
+// on every entry point with token inputs, the scratch over both index maps on verify and commit.
+// A verdict lists one rule on one argument in the same order whatever the entry point.
+TEST(Aliasing, AnOutputOverSeveralInputsNamesThemInArgumentOrder) {
+  constexpr std::uint64_t kAt = std::uint64_t{1} << 20;
+  auto over_token_inputs = [&](auto c) {
+    c.g = c.a;  // both forms of the gate and of beta (arg.exclusive too): two more inputs
+    c.beta = c.b;
+    for (auto* t : {&c.q, &c.k, &c.v, &c.a, &c.g, &c.A_log, &c.dt_bias, &c.b, &c.beta, &c.out})
+      (*t)->address = kAt;
+    return CatalogueCall(c);
+  };
+  const std::vector<std::string> token_inputs = {"q", "k",  "v",       "a",   "g",
+                                                 "A_log", "dt_bias", "b", "beta"};
+  for (const CatalogueCall& call :
+       {over_token_inputs(decode()), over_token_inputs(prefill()), over_token_inputs(verify()),
+        over_token_inputs(record_verify()), over_token_inputs(accept_verify())}) {
+    const Verdict v = validate(call);
+    EXPECT_EQ(overlapped_inputs(v, "out"), token_inputs)
+        << entry_name(entry_of(call)) << ":\n" << describe(v);
+  }
+  auto over_index_maps = [&](auto c) {
+    c.scratch_indices = view(DType::i32, {3, 4});  // no host values: its value rules are deferred
+    for (auto* t : {&c.scratch, &c.scratch_row_map, &c.scratch_indices}) (*t)->address = kAt;
+    return CatalogueCall(c);
+  };
+  for (const CatalogueCall& call : {over_index_maps(verify()), over_index_maps(commit())}) {
+    const Verdict v = validate(call);
+    EXPECT_EQ(overlapped_inputs(v, "scratch"),
+              (std::vector<std::string>{"scratch_row_map", "scratch_indices"}))
+        << entry_name(entry_of(call)) << ":\n" << describe(v);
+  }
 }
 
 }  // namespace

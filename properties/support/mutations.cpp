@@ -207,6 +207,22 @@ void wrong_size(GeneratedCall& g, Chooser& c) {
   expect(g, "{} dim {} must be {} = {}; got {} (shape {})", key ? "k" : "out", d, dim, want,
          t.shape[d], shape_text(t));
 }
+// A gate parameter one entry long or short: A_log [HV] or dt_bias [HV*K] (given the call a
+// dt_bias first when its plan has none), named by contracts.md's symbol for its size.
+void gate_param_wrong_size(GeneratedCall& g, Chooser& c) {
+  const bool bias = c.coin();
+  if (bias && !g.plan.dt_bias) {
+    g.plan.dt_bias = true;
+    rebuild(g);
+  }
+  const Arg a = bias ? Arg::dt_bias : Arg::A_log;
+  TensorView& t = present(g, a);
+  const i64 want = t.shape[0];
+  t.shape[0] = c.coin() ? want + 1 : want - 1;
+  detach_compact(t);
+  expect(g, "{} dim 0 must be {} = {}; got {} (shape {})", arg_name(a), bias ? "HV*K" : "HV",
+         want, t.shape[0], shape_text(t));
+}
 void cu_seqlens_too_long(GeneratedCall& g, Chooser&) {
   TensorView& cu = present(g, Arg::cu_seqlens);
   cu.shape[0] += 1;
@@ -790,6 +806,8 @@ std::vector<Mutation> make_table() {
        with_values(PlanNeeds{.min_active_rows = 1, .explicit_scratch_indices = true,
                              .min_rows_with_tokens = 1}),
        accepted_skipped_step},
+      {R::arg_shape, "A_log or dt_bias with a wrong size", kDPV, true,
+       PlanNeeds{.raw_gate = true}, gate_param_wrong_size},
   };
 }
 
