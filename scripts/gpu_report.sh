@@ -27,6 +27,15 @@ bench="$build/bench/bench_decode"
 spec_bench="$build/bench/bench_spec"
 status=0
 
+# The benchmark binary NAME's JSON of this run against its one current baseline, into the summary
+# (a regression is reported there, not as the run's status: the figures are the device's).
+compare_with_baseline() {
+  local name=$1
+  [ -f "bench/baselines/$name.json" ] && [ -s "$report_dir/$name.json" ] || return 0
+  { echo; echo "### Against bench/baselines/$name.json"; echo;
+    python3 bench/compare_baselines.py "$report_dir/$name.json"; } >>"$summary" || true
+}
+
 {
   echo "## GPU: decode, verify, commit, prefill"
   echo
@@ -110,10 +119,7 @@ timeout "${T_BENCH:-300}" "$bench" --benchmark_repetitions=5 --benchmark_min_tim
   grep -E "_median" "$report_dir/bench.log" | sed -E 's/ +[0-9.]+ us +[0-9]+ bytes=/ bytes=/'
   echo '```'
 } >>"$summary"
-if [ -f bench/baselines/bench_decode.json ]; then
-  { echo; echo "### Against bench/baselines/bench_decode.json"; echo;
-    python3 bench/compare_baselines.py "$report_dir/bench_decode.json"; } >>"$summary" || true
-fi
+compare_with_baseline bench_decode
 
 echo "== speculative-step benchmarks (bench_spec: verify + commit, records, fused)"
 timeout "${T_SPEC_BENCH:-240}" "$spec_bench" --benchmark_repetitions=5 --benchmark_min_time=0.05 \
@@ -125,10 +131,7 @@ timeout "${T_SPEC_BENCH:-240}" "$spec_bench" --benchmark_repetitions=5 --benchma
   echo
   python3 bench/compare_baselines.py "$report_dir/bench_spec.json" --no-baseline --steps
 } >>"$summary" || true
-if [ -f bench/baselines/bench_spec.json ] && [ -s "$report_dir/bench_spec.json" ]; then
-  { echo; echo "### Against bench/baselines/bench_spec.json"; echo;
-    python3 bench/compare_baselines.py "$report_dir/bench_spec.json"; } >>"$summary" || true
-fi
+compare_with_baseline bench_spec
 
 if [ "${PEER:-0}" = 1 ]; then
   echo "== peer (flash-linear-attention fused_recurrent_kda)"
@@ -170,10 +173,7 @@ timeout "${T_PREFILL_BENCH:-240}" "$build/bench/bench_prefill" --benchmark_repet
   grep -E "Copy|_median" "$report_dir/bench_prefill.log"
   echo '```'
 } >>"$summary"
-if [ -f bench/baselines/bench_prefill.json ] && [ -s "$report_dir/bench_prefill.json" ]; then
-  { echo; echo "### Against bench/baselines/bench_prefill.json"; echo;
-    python3 bench/compare_baselines.py "$report_dir/bench_prefill.json"; } >>"$summary" || true
-fi
+compare_with_baseline bench_prefill
 # The prefill peer: this run's when PEER=1 (fla's autotuning takes about a minute per shape, so
 # it has its own limit and prints its summary after every shape), else the stored figures.
 prefill_peer=bench/baselines/peer_prefill.json
