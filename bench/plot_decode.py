@@ -74,6 +74,12 @@ STEP_PATHS = {"BM_SpecStepState": "verify+commit", "BM_SpecStepRecords": "record
 STEP_MARKERS = {"2": "o", "4": "s", "8": "^"}
 
 
+def step_marker(name, default):
+    """The marker of a name's draft length T (STEP_MARKERS), else `default`."""
+    T = re.search(r"T:(\d+)", name)
+    return STEP_MARKERS.get(T[1] if T else "", default)
+
+
 def label(series):
     family, *params = series.split("/")
     text = STEP_PATHS.get(family, family.removeprefix("BM_"))
@@ -117,8 +123,7 @@ def main():
             family = series.split("/")[0]
             if family in STEP_PATHS:
                 colour = colours[list(STEP_PATHS).index(family)]
-                T = re.search(r"/T:(\d+)", series)
-                style = STEP_MARKERS.get(T[1] if T else "", "o") + "-"
+                style = step_marker(series, "o") + "-"
             xs = sorted(mine[series])
             ax.plot(xs, [mine[series][x] for x in xs], style, color=colour, label=label(series))
             if series in theirs:
@@ -132,9 +137,8 @@ def main():
             series = "BM_Verify/" + params
             if series in theirs:
                 px = sorted(theirs[series])
-                T = re.search(r"T:(\d+)", params)
                 ax.plot(px, [theirs[series][x] for x in px],
-                        STEP_MARKERS.get(T[1] if T else "", "x") + ":", color="grey",
+                        step_marker(params, "x") + ":", color="grey",
                         label=label(series) + " (fla, verify alone)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch B (rows)")
