@@ -38,7 +38,6 @@ using kdaguard::bench::DeviceBuffer;
 using kdaguard::bench::device_view;
 using kdaguard::bench::index_view;
 using kdaguard::bench::random_buffer;
-
 using kdaguard::bench::kH;
 using kdaguard::bench::kHV;
 using kdaguard::bench::kK;

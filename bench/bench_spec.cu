@@ -47,13 +47,13 @@ using kdaguard::bench::DeviceBuffer;
 using kdaguard::bench::device_view;
 using kdaguard::bench::index_view;
 using kdaguard::bench::random_buffer;
-
 using kdaguard::bench::kH;
 using kdaguard::bench::kHV;
 using kdaguard::bench::kK;
 using kdaguard::bench::kSlotElements;
 using kdaguard::bench::kV;
 using kdaguard::bench::RecurrentBuffers;
+
 constexpr std::int64_t kRecordWidth = 2 * kK + kV;  // g | k | u
 
 void BM_CopyCeiling(benchmark::State& state) { kdaguard::bench::copy_ceiling_benchmark(state); }
@@ -200,7 +200,7 @@ Problem& problem(Path path, int rows, int T, DType state_dtype) {
         token_inputs(av);
         av.state = pool_view;
         av.cache_indices = cache_view;
-        av.prior_records = device_view(DType::f32, record_shape, prior);
+        av.prior_records = *rv.records;
         av.prior_accepted = accepted_view;
         av.records = device_view(DType::f32, record_shape, records);
         p->accepts.push_back(av);
