@@ -1,5 +1,8 @@
 // fuzz_gpu: bytes -> a problem of any entry point (gpu_case.h) -> the CUDA kernels (gpu::*) and
-// the f64 CPU reference on the same bytes. Every buffer is uploaded into one device image with
+// the f64 CPU reference on the same bytes. The record-based entry points run on their plan's
+// verify or commit problem with record buffers: replay_commit on the records the reference's
+// record_verify wrote for the plan's draft, accept_verify on those as prior records (the plan's
+// accepted counts as prior_accepted) with its own records in a second buffer. Every buffer is uploaded into one device image with
 // 256-byte red zones around each allocation. Invariants, per mode (byte 0):
 //   conformance: the call is accepted and runs; the device guard (index values without host
 //     copies) stays silent; every output element was written (outputs are poisoned first);
@@ -25,6 +28,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "fuzz_chooser.h"
@@ -37,6 +41,7 @@
 #include "kdaguard/kda.h"
 #include "kdaguard/reference.h"
 #include "problem.h"
+#include "record_problem.h"
 #include "speculative.h"
 
 namespace kdaguard::support {
@@ -110,22 +115,128 @@ std::optional<std::string> download(HostProblem& p, const DeviceImage& image) {
   return stray;
 }
 
-Status run_entry(const AnyCall& call, const gpu::LaunchOptions& options) {
-  if (const auto* c = std::get_if<PrefillCall>(&call)) return gpu::prefill(*c, options);
-  return gputest::run_gpu(call, options);
-}
+// The CUDA entry point of each call type.
+struct RunOnGpu {
+  const gpu::LaunchOptions& options;
+  Status operator()(const DecodeCall& c) const { return gpu::decode(c, options); }
+  Status operator()(const PrefillCall& c) const { return gpu::prefill(c, options); }
+  Status operator()(const VerifyCall& c) const { return gpu::verify(c, options); }
+  Status operator()(const CommitCall& c) const { return gpu::commit(c, options); }
+  Status operator()(const RecordVerifyCall& c) const { return gpu::record_verify(c, options); }
+  Status operator()(const ReplayCommitCall& c) const { return gpu::replay_commit(c, options); }
+  Status operator()(const AcceptVerifyCall& c) const { return gpu::accept_verify(c, options); }
+};
 
 // Runs `call` (host addresses of p) on the image; returns the error word.
-std::uint64_t run_on_device(const HostProblem& p, const AnyCall& call, const DeviceImage& image,
+std::uint64_t run_on_device(const HostProblem& p, const CatalogueCall& call, const DeviceImage& image,
                             int chunks_per_block, std::string_view what) {
   gpu::LaunchOptions options;
   options.guard = image.guard;
   options.chunks_per_block = chunks_per_block;
-  const Status status = run_entry(p.relocated(call, kGpu, image.bases), options);
+  const Status status = std::visit(RunOnGpu{options}, p.relocated(call, kGpu, image.bases));
   if (!status.ok())
     fuzz_failure(fmt::format("{} refused on the GPU: {}\n{}", what, to_string(status), describe(p.plan)));
   cuda_ok(cudaDeviceSynchronize(), std::string(what).c_str());
   return gputest::read_error_word(image.guard);
+}
+
+// ---- the problem of a case ------------------------------------------------------------------------
+
+// A case's problem and the call under test over its buffers (see the header for the record-based
+// entry points' buffers).
+struct CaseProblem {
+  RecordProblem rp;  // rp.records: an empty view for the four state-writing entry points
+  std::optional<TensorView> next_records;  // accept_verify's records of its new draft
+  CatalogueCall call;
+};
+
+// The case's problem and call; every check builds its problems with it.
+CaseProblem build_problem(const GpuCase& c) {
+  if (!is_record_entry(c.entry)) {
+    CaseProblem cp{RecordProblem{materialize(c.plan, c.data_seed), {}}, std::nullopt, {}};
+    cp.call = widen(cp.rp.host.call);
+    return cp;
+  }
+  CaseProblem cp{materialize_records(c.plan, c.data_seed, c.records), std::nullopt, {}};
+  RecordProblem& rp = cp.rp;
+  if (c.entry == Entry::record_verify) {
+    cp.call = rp.record_verify();
+    return cp;
+  }
+  const Status drafted = reference::record_verify(rp.record_verify());
+  if (!drafted.ok())
+    fuzz_failure(fmt::format("reference record_verify of the draft: {}\n{}", to_string(drafted), describe(c.plan)));
+  if (c.entry == Entry::replay_commit) {
+    cp.call = rp.replay_commit();
+    return cp;
+  }
+  TensorView prior_accepted = add_index(rp.host, "prior_accepted", c.plan.accepted);
+  if (!c.prior_accepted_values) prior_accepted.values.reset();
+  cp.next_records = add_record_buffer(rp.host, "next_records", rp.records);
+  std::memset(rp.host.allocations.back().data(), 0xff, rp.host.allocations.back().bytes());  // NaN
+  const RecordVerifyCall draft = rp.record_verify();
+  AcceptVerifyCall f;
+  f.device = draft.device;
+  f.q = draft.q; f.k = draft.k; f.v = draft.v; f.a = draft.a; f.g = draft.g;
+  f.A_log = draft.A_log; f.dt_bias = draft.dt_bias; f.b = draft.b; f.beta = draft.beta;
+  f.cu_seqlens = draft.cu_seqlens; f.state = draft.state; f.cache_indices = draft.cache_indices;
+  f.out = draft.out; f.scalars = draft.scalars;
+  f.prior_records = rp.records;
+  f.prior_accepted = prior_accepted;
+  f.records = *cp.next_records;
+  cp.call = f;
+  return cp;
+}
+
+// What row n of the case's call writes, as views of its problem (padding rows write their
+// outputs as zeros; records and slots only of active rows).
+void row_writes(const CaseProblem& cp, const GpuCase& c, std::int64_t n, std::vector<TensorView>& regions) {
+  const CallPlan& s = c.plan;
+  const HostProblem& p = cp.rp.host;
+  std::int64_t first = 0;
+  for (std::int64_t m = 0; m < n; ++m) first += s.row_lengths[m];
+  const std::int64_t length = s.row_lengths[n], slot_index = s.slot_of_row[n];
+  auto tokens = [&](const TensorView& out) {
+    for (std::int64_t t = first; t < first + length; ++t) regions.push_back(slice_rows(out, t, 1));
+  };
+  auto slot = [&](const TensorView& pool, std::int64_t flat) { regions.push_back(slice_rows(flat_pool(pool), flat, 1)); };
+  auto records = [&](const TensorView& buffer) {
+    for (std::int64_t t = 0; slot_index >= 0 && t < length; ++t) regions.push_back(record_at(buffer, n, t));
+  };
+  switch (c.entry) {
+    case Entry::decode: {
+      const auto& call = std::get<DecodeCall>(p.call);
+      tokens(*call.out);
+      if (slot_index >= 0) slot(*call.state, slot_index);
+      break;
+    }
+    case Entry::prefill: {
+      const auto& call = std::get<PrefillCall>(p.call);
+      tokens(*call.out);
+      if (length > 0) slot(*call.initial_state, slot_index);
+      break;
+    }
+    case Entry::verify:
+      tokens(*p.verify->out);
+      for (std::int64_t t = 0; slot_index >= 0 && t < length; ++t) {
+        const std::int64_t flat = s.scratch_slot(n, t);
+        if (flat >= 0) slot(*p.verify->scratch, flat);
+      }
+      break;
+    case Entry::commit:
+    case Entry::replay_commit:
+      if (slot_index >= 0 && s.accepted[n] > 0) slot(*p.commit->state, slot_index);
+      break;
+    case Entry::record_verify:
+      tokens(*p.verify->out);
+      records(cp.rp.records);
+      break;
+    case Entry::accept_verify:
+      tokens(*p.verify->out);
+      if (slot_index >= 0) slot(*p.verify->state, slot_index);
+      records(*cp.next_records);
+      break;
+  }
 }
 
 // ---- tolerances ---------------------------------------------------------------------------------
@@ -136,20 +247,25 @@ double tolerance(const CallPlan& s) {
   return all_f32 ? 1e-5 : 5e-3;
 }
 
-void expect_close(const CallPlan& s, const char* what, const std::vector<double>& got,
-                  const std::vector<double>& want) {
-  const ErrorStats e = reference::compare(got, want);
-  if (!e.pass(tolerance(s)))
-    fuzz_failure(fmt::format("{} differs from the f64 reference: {} (tolerance {})\n{}", what,
-                             e.to_string(), tolerance(s), describe(s)));
+std::string describe(const GpuCase& c) {
+  return is_record_entry(c.entry) ? fmt::format("{} on the {}", entry_name(c.entry), describe(c.plan))
+                                  : describe(c.plan);
 }
 
-void expect_identical(const CallPlan& s, const char* what, const std::vector<double>& got,
+void expect_close(const GpuCase& c, std::string_view what, const std::vector<double>& got,
+                  const std::vector<double>& want) {
+  const ErrorStats e = reference::compare(got, want);
+  if (!e.pass(tolerance(c.plan)))
+    fuzz_failure(fmt::format("{} differs from the f64 reference: {} (tolerance {})\n{}", what,
+                             e.to_string(), tolerance(c.plan), describe(c)));
+}
+
+void expect_identical(const GpuCase& c, std::string_view what, const std::vector<double>& got,
                       const std::vector<double>& want) {
   for (std::size_t i = 0; i < got.size(); ++i)
     if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))))
       fuzz_failure(fmt::format("{} element {}: {} on the GPU, {} in the reference\n{}", what, i,
-                               got[i], want[i], describe(s)));
+                               got[i], want[i], describe(c)));
 }
 
 void expect_status(const Status& s, const CallPlan& spec, const char* what) {
@@ -158,7 +274,44 @@ void expect_status(const Status& s, const CallPlan& spec, const char* what) {
 
 // ---- conformance --------------------------------------------------------------------------------
 
+// Poisons what the case's call writes as outputs: out, and (already, at their allocation) the
+// records the call writes.
+void poison_outputs(CaseProblem& cp, const GpuCase& c) {
+  if (!is_record_entry(c.entry)) cp.rp.host.poison_outputs();
+  else if (c.entry != Entry::replay_commit) poison(std::vector<TensorView>{*cp.rp.host.verify->out});
+}
+
+// A record-based call: every row's writes (row_writes) written and within the tolerances of the
+// reference on the same bytes; no other byte changed.
+void check_record_conformance(const GpuCase& c) {
+  CaseProblem cp = build_problem(c);
+  HostProblem& p = cp.rp.host;
+  poison_outputs(cp, c);
+  std::vector<TensorView> writes;
+  for (i64 n = 0; n < c.plan.rows(); ++n) row_writes(cp, c, n, writes);
+  const Snapshot before = p.snapshot();
+  const DeviceImage image = upload(p);
+
+  expect_status(reference::run_catalogue(cp.call), c.plan, "reference");
+  const Snapshot expected = p.snapshot();
+  const std::uint64_t word = run_on_device(p, cp.call, image, c.chunks_per_block, entry_name(c.entry));
+  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(c));
+  if (word != 0)
+    fuzz_failure(fmt::format("the device guard fired on a valid call: {}\n{}", gputest::rule_list(word), describe(c)));
+  if (const auto where = changed_outside(p, before, writes)) fuzz_failure(*where + "\n" + describe(c));
+  if (const auto unwritten = still_poisoned(writes)) fuzz_failure("unwritten output: " + *unwritten + "\n" + describe(c));
+  const Snapshot actual = p.snapshot();
+  std::vector<double> got, want;
+  for (const TensorView& region : writes) {
+    const std::vector<double> g = p.read_floats_in(actual, region), w = p.read_floats_in(expected, region);
+    got.insert(got.end(), g.begin(), g.end());
+    want.insert(want.end(), w.begin(), w.end());
+  }
+  expect_close(c, entry_name(c.entry), got, want);
+}
+
 void check_conformance(const GpuCase& c) {
+  if (is_record_entry(c.entry)) return check_record_conformance(c);
   HostProblem p = materialize(c.plan, c.data_seed);
   const CallPlan& s = p.plan;
   p.poison_outputs();
@@ -168,7 +321,7 @@ void check_conformance(const GpuCase& c) {
   expect_status(reference::run(p.call), s, "reference");
   const Snapshot expected = p.snapshot();
 
-  const std::uint64_t word = run_on_device(p, p.call, image, c.chunks_per_block, entry_name(s.entry));
+  const std::uint64_t word = run_on_device(p, widen(p.call), image, c.chunks_per_block, entry_name(s.entry));
   if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
   if (word != 0)
     fuzz_failure(fmt::format("the device guard fired on a valid call: {}\n{}", gputest::rule_list(word), describe(s)));
@@ -177,7 +330,7 @@ void check_conformance(const GpuCase& c) {
 
   if (s.entry == Entry::commit) {  // a copy of bytes: identical to the reference's
     const auto& state = *p.commit->state;
-    expect_identical(s, "committed pool", p.read_floats_in(p.snapshot(), state), p.read_floats_in(expected, state));
+    expect_identical(c, "committed pool", p.read_floats_in(p.snapshot(), state), p.read_floats_in(expected, state));
     return;
   }
   const Snapshot actual = p.snapshot();
@@ -193,19 +346,20 @@ void check_conformance(const GpuCase& c) {
   expect_status(reference::commit(*p.commit), s, "reference commit");
   const Snapshot committed = p.snapshot();
   p.restore(actual);
-  const std::uint64_t commit_word = run_on_device(p, *p.commit, image, c.chunks_per_block, "commit after verify");
+  const std::uint64_t commit_word = run_on_device(p, CatalogueCall{*p.commit}, image, c.chunks_per_block, "commit after verify");
   if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
   if (commit_word != 0)
     fuzz_failure("the device guard fired on the commit of a valid verify: " + gputest::rule_list(commit_word));
   const auto& pool = *p.commit->state;
-  expect_close(s, "pool after verify + commit", p.read_floats_in(p.snapshot(), pool),
+  expect_close(c, "pool after verify + commit", p.read_floats_in(p.snapshot(), pool),
                p.read_floats_in(committed, pool));
 }
 
 // ---- planted index values -----------------------------------------------------------------------
 
-constexpr Arg kIndexArgs[] = {Arg::cache_indices, Arg::initial_state_indices, Arg::cu_seqlens,
-                              Arg::scratch_row_map, Arg::scratch_indices, Arg::accepted};
+constexpr Arg kIndexArgs[] = {Arg::cache_indices,   Arg::initial_state_indices, Arg::cu_seqlens,
+                              Arg::scratch_row_map, Arg::scratch_indices,       Arg::accepted,
+                              Arg::prior_accepted};
 
 // Every index tensor's values, row-major.
 using IndexValues = std::map<Arg, std::vector<i64>>;
@@ -217,7 +371,7 @@ template <class F> void for_each_index_offset(const TensorView& t, F&& f) {
       f(r * cols + col, t.storage_offset.count + r * t.stride[0] + (t.rank == 2 ? col * t.stride[1] : 0));
 }
 
-IndexValues read_index_values(const AnyCall& call) {
+IndexValues read_index_values(const CatalogueCall& call) {
   IndexValues values;
   for (Arg a : kIndexArgs) {
     const OptionalView* v = find_argument(call, a);
@@ -239,7 +393,7 @@ IndexValues read_index_values(const AnyCall& call) {
   return values;
 }
 
-void write_index_values(const AnyCall& call, const IndexValues& values) {
+void write_index_values(const CatalogueCall& call, const IndexValues& values) {
   for (const auto& [a, vals] : values) {
     const OptionalView* v = find_argument(call, a);
     auto* base = reinterpret_cast<std::byte*>(*(*v)->data_address() -
@@ -258,45 +412,55 @@ void write_index_values(const AnyCall& call, const IndexValues& values) {
 
 Arg slot_map_of(Entry e) { return e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices; }
 
+// prior_records' steps (accept_verify): its layout's, like the records'.
+i64 prior_steps(const GpuCase& c) { return c.plan.T + c.records.extra_steps; }
+
 // The rows the host's value rules reject for these values: each row's own faults (row_rules.h,
 // the code the validators and the device guard share) and index.unique, worked out here apart:
 // a row whose slot another row uses, or one of whose scratch steps another step names.
-std::vector<bool> faulty_rows(const CallPlan& s, const IndexValues& v) {
+std::vector<bool> faulty_rows(const GpuCase& c, const IndexValues& v) {
   using row_rules::HostIndex;
   auto index = [&](Arg a, i64 row_stride = 0) -> HostIndex {
     const auto it = v.find(a);
     return it == v.end() ? HostIndex{} : HostIndex{it->second.data(), row_stride, true};
   };
+  const CallPlan& s = c.plan;
   const i64 N = s.rows(), S = s.slots, T = s.T;
   const i64 scratch_slots = s.S_spec * s.T_alloc;
-  const HostIndex slots = index(slot_map_of(s.entry)), cu = index(Arg::cu_seqlens);
-  const HostIndex scratch = index(Arg::scratch_indices, T);
-  const HostIndex row_map = scratch.known() ? HostIndex{} : index(Arg::scratch_row_map);
+  const HostIndex slots = index(slot_map_of(c.entry)), cu = index(Arg::cu_seqlens);
+  // Records are addressed by row: the record-based calls take no scratch addressing.
+  const HostIndex scratch = is_record_entry(c.entry) ? HostIndex{} : index(Arg::scratch_indices, T);
+  const HostIndex row_map = scratch.known() || is_record_entry(c.entry) ? HostIndex{} : index(Arg::scratch_row_map);
+  const i64 T_tot = s.total_tokens();
   std::vector<bool> faulty(static_cast<std::size_t>(N));
   for (i64 n = 0; n < N; ++n) {
-    row_rules::Mask f = 0;
-    switch (s.entry) {
-      case Entry::decode:
-        f = row_rules::row_faults(row_rules::DecodeRows<HostIndex>{N, S, slots, cu}, n);
-        break;
-      case Entry::prefill:
-        f = row_rules::row_faults(row_rules::PrefillRows<HostIndex>{N, s.total_tokens(), S, cu, slots}, n);
-        break;
+    using namespace row_rules;
+    Mask f = 0;
+    switch (c.entry) {
+      case Entry::decode: f = row_faults(DecodeRows<HostIndex>{N, S, slots, cu}, n); break;
+      case Entry::prefill: f = row_faults(PrefillRows<HostIndex>{N, T_tot, S, cu, slots}, n); break;
       case Entry::verify:
-        f = row_rules::row_faults(row_rules::VerifyRows<HostIndex>{N, s.total_tokens(), T, S, scratch_slots,
-                                                                   cu, slots, row_map, scratch}, n);
+        f = row_faults(VerifyRows<HostIndex>{N, T_tot, T, S, scratch_slots, cu, slots, row_map, scratch}, n);
         break;
       case Entry::commit:
-        f = row_rules::row_faults(row_rules::CommitRows<HostIndex>{N, T, S, scratch_slots, cu, slots, row_map,
-                                                                   scratch, index(Arg::accepted)}, n);
+        f = row_faults(CommitRows<HostIndex>{N, T, S, scratch_slots, cu, slots, row_map, scratch,
+                                             index(Arg::accepted)}, n);
         break;
       case Entry::record_verify:
+        f = row_faults<kRecordVerifyRules>(VerifyRows<HostIndex>{N, T_tot, T, S, 0, cu, slots, {}, {}}, n);
+        break;
       case Entry::replay_commit:
-      case Entry::accept_verify: break;  // not drawn here (kEntries): gpu_records covers their kernels
+        f = row_faults<kReplayCommitRules>(
+            CommitRows<HostIndex>{N, T, S, 0, cu, slots, {}, {}, index(Arg::accepted)}, n);
+        break;
+      case Entry::accept_verify:
+        f = row_faults(AcceptVerifyRows<HostIndex>{{N, T_tot, T, S, 0, cu, slots, {}, {}},
+                                                   prior_steps(c), index(Arg::prior_accepted)}, n);
+        break;
     }
     faulty[static_cast<std::size_t>(n)] = f != 0;
   }
-  const std::vector<i64>& slot_values = v.at(slot_map_of(s.entry));
+  const std::vector<i64>& slot_values = v.at(slot_map_of(c.entry));
   for (i64 n = 0; n < N; ++n)
     for (i64 m = 0; m < N; ++m)
       if (m != n && value_checks::unique_candidate(slot_values[n], S) && slot_values[n] == slot_values[m])
@@ -312,25 +476,27 @@ std::vector<bool> faulty_rows(const CallPlan& s, const IndexValues& v) {
 }
 
 // Whether row n reads the same index values in a and b.
-bool row_unchanged(const CallPlan& s, const IndexValues& a, const IndexValues& b, i64 n) {
+bool row_unchanged(const GpuCase& c, const IndexValues& a, const IndexValues& b, i64 n) {
+  const CallPlan& s = c.plan;
   auto same = [&](Arg arg, i64 i) {
     const auto x = a.find(arg), y = b.find(arg);
     return x == a.end() || x->second[static_cast<std::size_t>(i)] == y->second[static_cast<std::size_t>(i)];
   };
-  bool equal = same(slot_map_of(s.entry), n) && same(Arg::cu_seqlens, n) && same(Arg::cu_seqlens, n + 1) &&
-               same(Arg::scratch_row_map, n) && same(Arg::accepted, n);
+  bool equal = same(slot_map_of(c.entry), n) && same(Arg::cu_seqlens, n) && same(Arg::cu_seqlens, n + 1) &&
+               same(Arg::scratch_row_map, n) && same(Arg::accepted, n) && same(Arg::prior_accepted, n);
   if (a.count(Arg::scratch_indices))
     for (i64 t = 0; t < s.T; ++t) equal = equal && same(Arg::scratch_indices, n * s.T + t);
   return equal;
 }
 
-void apply_plant(const Plant& p, const CallPlan& s, IndexValues& v) {
+void apply_plant(const Plant& p, const GpuCase& c, IndexValues& v) {
+  const CallPlan& s = c.plan;
   const i64 N = s.rows(), T = s.T, m = p.magnitude;
   const i64 other = p.other_row != p.row ? p.other_row : (p.row + 1) % N;
-  std::vector<i64>& slots = v.at(slot_map_of(s.entry));
+  std::vector<i64>& slots = v.at(slot_map_of(c.entry));
   switch (p.kind) {
     case PlantKind::slot_out_of_range:
-      slots[p.row] = bad_value(s.entry == Entry::prefill ? 0 : -1, s.slots, m);
+      slots[p.row] = bad_value(c.entry == Entry::prefill ? 0 : -1, s.slots, m);
       break;
     case PlantKind::slot_repeated: slots[other] = slots[p.row]; break;
     case PlantKind::slot_padding: slots[p.row] = -1; break;
@@ -344,7 +510,7 @@ void apply_plant(const Plant& p, const CallPlan& s, IndexValues& v) {
     case PlantKind::cu_end: {
       std::vector<i64>& cu = v.at(Arg::cu_seqlens);
       const i64 T_tot = s.total_tokens();
-      if (s.entry == Entry::commit) cu[N] = cu[N - 1] - 1 - m;
+      if (c.entry == Entry::commit || c.entry == Entry::replay_commit) cu[N] = cu[N - 1] - 1 - m;
       else cu[N] = m % 2 ? T_tot + 1 + m : T_tot - 1 - m;
       break;
     }
@@ -365,6 +531,9 @@ void apply_plant(const Plant& p, const CallPlan& s, IndexValues& v) {
       if (v.count(Arg::scratch_row_map)) v.at(Arg::scratch_row_map)[i] = 1000 + m;
       break;
     }
+    case PlantKind::prior_past_records:
+      v.at(Arg::prior_accepted)[p.row] = m % 2 ? prior_steps(c) + 1 + m : -1 - m;
+      break;
   }
 }
 
@@ -375,58 +544,14 @@ IndexValues planted_values(const GpuCase& c, const IndexValues& original) {
   IndexValues v = original;
   for (const Plant& p : c.plants) {
     IndexValues next = v;
-    apply_plant(p, c.plan, next);
-    const std::vector<bool> faulty = faulty_rows(c.plan, next);
+    apply_plant(p, c, next);
+    const std::vector<bool> faulty = faulty_rows(c, next);
     bool keep = true;
     for (i64 n = 0; n < c.plan.rows(); ++n)
-      keep = keep && (faulty[static_cast<std::size_t>(n)] || row_unchanged(c.plan, next, original, n));
+      keep = keep && (faulty[static_cast<std::size_t>(n)] || row_unchanged(c, next, original, n));
     if (keep) v = std::move(next);
   }
   return v;
-}
-
-// What the healthy rows write, derived from the spec like HostProblem::written_regions(), per row.
-std::vector<TensorView> healthy_regions(const HostProblem& p, const std::vector<bool>& faulty) {
-  const CallPlan& s = p.plan;
-  std::vector<TensorView> regions;
-  std::vector<i64> cu{0};
-  for (i64 len : s.row_lengths) cu.push_back(cu.back() + len);
-  auto tokens = [&](const TensorView& out, i64 n) {
-    for (i64 t = cu[n]; t < cu[n + 1]; ++t) regions.push_back(slice_rows(out, t, 1));
-  };
-  auto slot = [&](const TensorView& pool, i64 flat) { regions.push_back(slice_rows(flat_pool(pool), flat, 1)); };
-  for (i64 n = 0; n < s.rows(); ++n) {
-    if (faulty[static_cast<std::size_t>(n)]) continue;
-    switch (s.entry) {
-      case Entry::decode: {
-        const auto& c = std::get<DecodeCall>(p.call);
-        tokens(*c.out, n);
-        if (s.slot_of_row[n] >= 0) slot(*c.state, s.slot_of_row[n]);
-        break;
-      }
-      case Entry::prefill: {
-        const auto& c = std::get<PrefillCall>(p.call);
-        tokens(*c.out, n);
-        if (s.row_lengths[n] > 0) slot(*c.initial_state, s.slot_of_row[n]);
-        break;
-      }
-      case Entry::verify:
-        tokens(*p.verify->out, n);
-        if (s.slot_of_row[n] < 0) break;
-        for (i64 t = 0; t < s.row_lengths[n]; ++t) {
-          const i64 flat = s.scratch_slot(n, t);
-          if (flat >= 0) slot(*p.verify->scratch, flat);
-        }
-        break;
-      case Entry::commit:
-        if (s.slot_of_row[n] >= 0 && s.accepted[n] > 0) slot(*p.commit->state, s.slot_of_row[n]);
-        break;
-      case Entry::record_verify:
-      case Entry::replay_commit:
-      case Entry::accept_verify: break;  // not drawn here (kEntries): gpu_records covers their kernels
-    }
-  }
-  return regions;
 }
 
 template <class F> void for_each_element_offset(const TensorView& t, F&& f) {
@@ -442,66 +567,70 @@ template <class F> void for_each_element_offset(const TensorView& t, F&& f) {
 }
 
 void check_planted(const GpuCase& c) {
-  HostProblem p = materialize(c.plan, c.data_seed);
+  CaseProblem cp = build_problem(c);
+  HostProblem& p = cp.rp.host;
   const CallPlan& s = p.plan;
-  const IndexValues original = read_index_values(p.call);
+  const IndexValues original = read_index_values(cp.call);
   const IndexValues planted = planted_values(c, original);
-  const std::vector<bool> faulty = faulty_rows(s, planted);
+  const std::vector<bool> faulty = faulty_rows(c, planted);
 
   // The host verdict of the same call with the planted values as host copies.
-  AnyCall with_values = p.call;
+  CatalogueCall with_values = cp.call;
   for (const auto& [a, vals] : planted) (*find_argument(with_values, a))->values = vals;
   const Verdict host = validate(with_values);
   std::uint64_t expected_word = 0;
   for (const Violation& v : host.violations) {
     if (rule_info(v.rule).tier != Tier::value)
       fuzz_failure(fmt::format("planted index values broke {}, not a value rule\n{}\n{}", rule_id(v.rule),
-                               describe(host), describe(s)));
+                               describe(host), describe(c)));
     expected_word |= value_checks::rule_bit(v.rule);
   }
   const bool any_faulty = std::find(faulty.begin(), faulty.end(), true) != faulty.end();
   if (host.accepted() == any_faulty)
     fuzz_failure(fmt::format("the host verdict ({}) and the faulty rows disagree\n{}",
-                             host.accepted() ? "accepted" : describe(host), describe(s)));
+                             host.accepted() ? "accepted" : describe(host), describe(c)));
 
   // The reference of the problem before planting: what the healthy rows must produce.
-  HostProblem ref = materialize(c.plan, c.data_seed);
-  ref.poison_outputs();
-  expect_status(reference::run(ref.call), s, "reference");
+  CaseProblem ref = build_problem(c);
+  poison_outputs(ref, c);
+  expect_status(reference::run_catalogue(ref.call), s, "reference");
 
-  write_index_values(p.call, planted);
-  p.poison_outputs();
+  write_index_values(cp.call, planted);
+  poison_outputs(cp, c);
   const Snapshot before = p.snapshot();
   const DeviceImage image = upload(p);
-  const std::uint64_t word = run_on_device(p, p.call, image, c.chunks_per_block, entry_name(s.entry));
-  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(s));
+  const std::uint64_t word = run_on_device(p, cp.call, image, c.chunks_per_block, entry_name(c.entry));
+  if (const auto stray = download(p, image)) fuzz_failure(*stray + "\n" + describe(c));
   if (word != expected_word)
     fuzz_failure(fmt::format("error word {:#x} ({}) but the host verdict's value rules are {:#x} ({})\n{}\n{}",
                              word, gputest::rule_list(word), expected_word, gputest::rule_list(expected_word),
-                             describe(host), describe(s)));
+                             describe(host), describe(c)));
 
   // Healthy rows: written and close to the reference; every other byte as before.
+  std::vector<TensorView> regions;
+  for (i64 n = 0; n < s.rows(); ++n)
+    if (!faulty[static_cast<std::size_t>(n)]) row_writes(cp, c, n, regions);
   std::vector<std::vector<bool>> writable;
   for (const Allocation& a : p.allocations) writable.emplace_back(a.bytes(), false);
   std::vector<double> got, want;
-  for (const TensorView& region : healthy_regions(p, faulty)) {
+  for (const TensorView& region : regions) {
     const Allocation* a = p.allocation_of(region);
-    auto& mask = writable[static_cast<std::size_t>(a - p.allocations.data())];
+    const auto index = static_cast<std::size_t>(a - p.allocations.data());
     const i64 esize = element_size(region.dtype);
     for_each_element_offset(region, [&](i64 offset) {
-      std::fill_n(mask.begin() + offset * esize, esize, true);
+      std::fill_n(writable[index].begin() + offset * esize, esize, true);
     });
     TensorView in_ref = region;  // the same elements in the reference problem's allocation
-    in_ref.address = ref.allocations[static_cast<std::size_t>(a - p.allocations.data())].address();
+    in_ref.address = ref.rp.host.allocations[index].address();
     const std::vector<double> g = read_floats(region);
     const std::vector<double> w = read_floats(in_ref);
     for (double x : g)
-      if (std::isnan(x)) fuzz_failure(fmt::format("a row the guard passed left an output unwritten\n{}", describe(s)));
+      if (std::isnan(x)) fuzz_failure(fmt::format("a row the guard passed left an output unwritten\n{}", describe(c)));
     got.insert(got.end(), g.begin(), g.end());
     want.insert(want.end(), w.begin(), w.end());
   }
-  if (s.entry == Entry::commit) expect_identical(s, "committed slots of healthy rows", got, want);
-  else expect_close(s, "outputs and states of healthy rows", got, want);
+  if (c.entry == Entry::commit) expect_identical(c, "committed slots of healthy rows", got, want);
+  else expect_close(c, "outputs and states of healthy rows", got, want);
   std::string faulty_list;
   for (std::size_t n = 0; n < faulty.size(); ++n)
     if (faulty[n]) faulty_list += fmt::format(" {}", n);
@@ -510,7 +639,7 @@ void check_planted(const GpuCase& c) {
     for (std::size_t b = 0; b < a.bytes(); ++b)
       if (!writable[i][b] && a.data()[b] != before.bytes[i][b])
         fuzz_failure(fmt::format("{} byte {} changed, outside what the healthy rows may write "
-                                 "(faulty rows:{})\n{}", a.name(), b, faulty_list, describe(s)));
+                                 "(faulty rows:{})\n{}", a.name(), b, faulty_list, describe(c)));
   }
 }
 

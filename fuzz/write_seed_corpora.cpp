@@ -242,7 +242,7 @@ void write_gpu(const fs::path& dir) {
   fs::create_directories(dir);
   int files = 0;
   for (const GpuMode mode : {GpuMode::conformance, GpuMode::planted}) {
-    for (std::int64_t entry = 0; entry < 4; ++entry) {
+    for (std::int64_t entry = 0; entry < static_cast<std::int64_t>(std::size(kGpuEntries)); ++entry) {
       for (std::uint64_t seed = 1; seed <= 3; ++seed) {
         SeededChooser random(seed * 104729 + static_cast<std::uint64_t>(entry) * 31 +
                              static_cast<std::uint64_t>(mode));
@@ -253,7 +253,7 @@ void write_gpu(const fs::path& dir) {
         const std::vector<std::uint8_t> choices = record.bytes();
         bytes.insert(bytes.end(), choices.begin(), choices.end());
         write_file(dir / fmt::format("{}_{}_{}", mode == GpuMode::planted ? "planted" : "conformance",
-                                     entry_name(c.plan.entry), seed),
+                                     entry_name(c.entry), seed),
                    bytes);
         ++files;
       }

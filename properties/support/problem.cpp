@@ -462,18 +462,31 @@ void HostProblem::poison_outputs() {
   }
 }
 
-AnyCall HostProblem::relocated(const AnyCall& c, Device device,
-                               std::span<const std::uint64_t> new_bases) const {
-  AnyCall moved = c;
+namespace {
+template <class Call>
+Call relocated_call(const HostProblem& p, const Call& c, Device device,
+                    std::span<const std::uint64_t> new_bases) {
+  Call moved = c;
   std::visit([&](auto& typed) { typed.device = device; }, moved);
   for_each_argument(moved, [&](Arg, OptionalView& v) {
     if (!v) return;
-    const Allocation* a = allocation_of(*v);
+    const Allocation* a = p.allocation_of(*v);
     if (a == nullptr) throw std::invalid_argument("relocated: a view outside this problem");
-    v->address = new_bases[static_cast<std::size_t>(a - allocations.data())];
+    v->address = new_bases[static_cast<std::size_t>(a - p.allocations.data())];
     v->device.reset();
   });
   return moved;
+}
+}  // namespace
+
+AnyCall HostProblem::relocated(const AnyCall& c, Device device,
+                               std::span<const std::uint64_t> new_bases) const {
+  return relocated_call(*this, c, device, new_bases);
+}
+
+CatalogueCall HostProblem::relocated(const CatalogueCall& c, Device device,
+                                     std::span<const std::uint64_t> new_bases) const {
+  return relocated_call(*this, c, device, new_bases);
 }
 
 HostProblem materialize(const CallPlan& plan, std::uint64_t seed) {

@@ -115,6 +115,8 @@ struct HostProblem {
   // The same call on another device: each view's address moved to new_bases[i] for the
   // allocation i it views (storage offsets unchanged), device set. For uploading to a GPU.
   AnyCall relocated(const AnyCall& c, Device device, std::span<const std::uint64_t> new_bases) const;
+  CatalogueCall relocated(const CatalogueCall& c, Device device,
+                          std::span<const std::uint64_t> new_bases) const;
 };
 
 // A decode, prefill, verify or commit plan over host buffers: the calls run on the cpu device

@@ -113,7 +113,7 @@ ReplayCommitCall RecordProblem::replay_commit() const {
   return c;
 }
 
-TensorView RecordProblem::record(i64 n, i64 t) const {
+TensorView record_at(const TensorView& records, i64 n, i64 t) {
   TensorView r = records;
   r.rank = 2;
   r.shape = {records.shape[2], records.shape[3]};
@@ -127,7 +127,7 @@ std::vector<TensorView> RecordProblem::record_verify_writes() const {
   std::vector<TensorView> writes{*host.verify->out};
   const CallPlan& s = host.plan;
   for (i64 n = 0; n < s.rows(); ++n)
-    for (i64 t = 0; s.slot_of_row[n] >= 0 && t < s.row_lengths[n]; ++t) writes.push_back(record(n, t));
+    for (i64 t = 0; s.slot_of_row[n] >= 0 && t < s.row_lengths[n]; ++t) writes.push_back(record_at(records, n, t));
   return writes;
 }
 

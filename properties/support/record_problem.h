@@ -32,11 +32,12 @@ struct RecordProblem {
   std::vector<TensorView> record_verify_writes() const;
   // replay_commit's writes: the committed slot of every active row with accepted > 0.
   std::vector<TensorView> replay_commit_writes() const;
-  // The record of (row n, step t): [HV, 2K+V].
-  TensorView record(std::int64_t n, std::int64_t t) const;
   // Fills every byte of the records with a NaN pattern.
   void poison_records();
 };
+
+// The record of (row n, step t) in a record buffer [S_rec, T_alloc, HV, 2K+V]: [HV, 2K+V].
+TensorView record_at(const TensorView& records, std::int64_t n, std::int64_t t);
 
 RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
                                   const RecordLayout& layout = {});

@@ -148,7 +148,7 @@ void check_case(const CallPlan& spec, std::uint64_t seed, int chunks_per_block,
       expect_close(spec, "scratch", concat_slots(*dev.verify->scratch, slots),
                    concat_slots(*ref.verify->scratch, slots));
       // The chain a serving step runs: commit the accepted prefix of this verify.
-      const AnyCall commit = dev.relocated(*dev.commit, Device{Device::Kind::cuda, 0}, copy.bases);
+      const AnyCall commit = dev.relocated(AnyCall{*dev.commit}, Device{Device::Kind::cuda, 0}, copy.bases);
       const Status commit_status = run_gpu(commit, options);
       if (!commit_status.ok()) RC_FAIL("commit: " + to_string(commit_status));
       check_cuda(cudaDeviceSynchronize(), "commit kernel");

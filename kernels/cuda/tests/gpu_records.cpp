@@ -645,7 +645,7 @@ TEST(GpuRecords, DeferredPriorAcceptedSkipsExactlyItsRow) {
           support::read_slot(*untouched.verify->state, slot))
         RC_FAIL("the skipped row's slot changed");
       for (i64 t = 0; t < len; ++t) {
-        const std::vector<double> rec = support::read_floats(broken_draft.record(n, t));
+        const std::vector<double> rec = support::read_floats(support::record_at(broken_draft.records, n, t));
         if (!std::all_of(rec.begin(), rec.end(), [](double x) { return std::isnan(x); }))
           RC_FAIL(fmt::format("the skipped row's record of step {} was written", t));
       }

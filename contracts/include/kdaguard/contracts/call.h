@@ -152,9 +152,8 @@ struct AcceptVerifyCall {
 
 // The four entry points both backends run.
 using AnyCall = std::variant<DecodeCall, PrefillCall, VerifyCall, CommitCall>;
-// Every entry point of the catalogue: AnyCall's four and the record-based path, which only the
-// reference backend runs so far (the CUDA backend refuses it). Descriptions, `kdaguard check` and
-// the validators take this one.
+// Every entry point of the catalogue: AnyCall's four and the record-based path. Descriptions,
+// `kdaguard check` and the validators take this one.
 using CatalogueCall = std::variant<DecodeCall, PrefillCall, VerifyCall, CommitCall,
                                    RecordVerifyCall, ReplayCommitCall, AcceptVerifyCall>;
 CatalogueCall widen(const AnyCall& call);
