@@ -13,9 +13,15 @@
 //
 // The bound enforced (fuzz/NOTES.md, "Long-horizon drift"): at every checkpoint up to 32768 steps,
 // out and state stay within the one-call tolerance of their state dtype (kda-math.md: 5e-3 for an
-// f32 state with 16-bit inputs, 1e-2 for a bf16 state), and the error does not grow with the
-// history: the state's ratio at the last checkpoint is at most 1.5 times the largest ratio seen up
-// to 4096 steps (the error settles within the state's memory of a few hundred steps).
+// f32 state with 16-bit inputs, 1e-2 for a bf16 state) or within 1.5 times the history's rounding
+// floor, whichever is larger; and the error does not grow with the history: the state's ratio at
+// the last checkpoint is at most 1.5 times the largest ratio seen up to 4096 steps (the error
+// settles within the state's memory of a few hundred steps). The rounding floor is what storing
+// the state in its dtype costs by itself: the f64 reference run as one single-token decode per
+// token on a state of that dtype (rounded after every token, as a decode, and a verify's scratch
+// step, rounds it), compared with the same f64 truth. With a bf16 state and channels that decay
+// slowly it reaches about 1e-2 within a hundred steps, so no bf16-state kernel could meet the
+// one-call tolerance alone there.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -88,10 +94,17 @@ CallPlan history_spec(DType state, GateKind gate, std::int64_t steps) {
   return s;
 }
 
-// The f64 truth: outputs of every token and the state after each checkpoint's prefix.
+struct Row {
+  std::int64_t steps;
+  double state_ratio, out_ratio;
+};
+
+// The f64 truth: outputs of every token and the state after each checkpoint's prefix; and the
+// rounding floor at each checkpoint (the header).
 struct Truth {
   std::vector<double> out;                          // [steps, HV, V]
   std::map<std::int64_t, std::vector<double>> state;  // checkpoint -> [HV, V, K]
+  std::map<std::int64_t, Row> floor;                // checkpoint -> the reference decodes' errors
 };
 
 Truth f64_truth(const HostProblem& p, const std::vector<std::int64_t>& at) {
@@ -118,6 +131,45 @@ Truth f64_truth(const HostProblem& p, const std::vector<std::int64_t>& at) {
   return truth;
 }
 
+// The rounding floor of `truth`: the reference's single-token decodes over p's tokens on p's own
+// pool (a problem of its own, since they write its state and outputs), compared at each checkpoint.
+void add_rounding_floor(HostProblem& p, const std::vector<std::int64_t>& at, Truth& truth) {
+  const auto& call = std::get<PrefillCall>(p.call);
+  std::int32_t slot = 0;
+  TensorView slot_index = TensorView::contiguous(DType::i32, {1});
+  slot_index.address = reinterpret_cast<std::uint64_t>(&slot);
+  slot_index.device = call.device;
+  slot_index.storage_size = Elements{1};
+  slot_index.values = std::vector<std::int64_t>{0};
+  const std::int64_t per_token = p.plan.HV * p.plan.V;
+  std::int64_t t = 0, previous = 0;
+  for (const std::int64_t c : at) {
+    for (; t < c; ++t) {
+      auto row = [&](const OptionalView& v) -> OptionalView {
+        return v ? OptionalView(slice_rows(*v, t, 1)) : std::nullopt;
+      };
+      DecodeCall d;
+      d.device = call.device;
+      d.q = row(call.q); d.k = row(call.k); d.v = row(call.v); d.a = row(call.a); d.g = row(call.g);
+      d.b = row(call.b); d.beta = row(call.beta);
+      d.A_log = call.A_log;
+      d.dt_bias = call.dt_bias;
+      d.state = call.initial_state;
+      d.cache_indices = slot_index;
+      d.out = slice_rows(*call.out, t, 1);
+      d.scalars = call.scalars;
+      if (const Status s = reference::decode(d); !s.ok())
+        throw std::runtime_error("reference decode: " + to_string(s));
+    }
+    const std::vector<double> out = support::read_floats(slice_rows(*call.out, previous, c - previous));
+    const std::vector<double> want_out(truth.out.begin() + previous * per_token,
+                                       truth.out.begin() + c * per_token);
+    truth.floor[c] = {c, reference::compare(support::read_slot(*call.initial_state, 0), truth.state.at(c)).rms_ratio,
+                      reference::compare(out, want_out).rms_ratio};
+    previous = c;
+  }
+}
+
 enum class History { decode, prefill_decode, verify_commit };
 const char* history_name(History h) {
   switch (h) {
@@ -127,11 +179,6 @@ const char* history_name(History h) {
   }
   return "?";
 }
-
-struct Row {
-  std::int64_t steps;
-  double state_ratio, out_ratio;
-};
 
 // Device buffers of one history: the problem's allocations, small index tables, verify scratch.
 class DeviceHistory {
@@ -326,29 +373,40 @@ TEST(GpuDrift, LongHistoriesStayWithinTheBound) {
   std::vector<std::future<Problem>> truths;
   for (std::size_t i = 0; i < configs.size(); ++i)
     truths.push_back(std::async(std::launch::async, [&, i] {
-      Problem pr{support::materialize(history_spec(configs[i].state, configs[i].gate, steps), 1000 + i), {}};
+      const CallPlan plan = history_spec(configs[i].state, configs[i].gate, steps);
+      Problem pr{support::materialize(plan, 1000 + i), {}};
       pr.truth = f64_truth(pr.problem, at);
+      HostProblem decoded = support::materialize(plan, 1000 + i);
+      add_rounding_floor(decoded, at, pr.truth);
       return pr;
     }));
 
   const char* csv_path = std::getenv("KDAGUARD_DRIFT_CSV");
   std::ofstream csv(csv_path != nullptr ? csv_path : "drift.csv");
-  csv << "history,state_dtype,gate,steps,state_rms_ratio,out_rms_ratio,bound\n";
+  csv << "history,state_dtype,gate,steps,state_rms_ratio,out_rms_ratio,bound,floor_state,floor_out\n";
   DeviceArena arena(std::size_t{1} << 30);
   for (std::size_t i = 0; i < configs.size(); ++i) {
     const Problem pr = truths[i].get();
-    const double bound = tolerance(configs[i].state);
+    const double tol = tolerance(configs[i].state);
+    double worst_floor = 0;  // the largest floor of the history, for the report line
+    for (const auto& [c, f] : pr.truth.floor) worst_floor = std::max({worst_floor, f.state_ratio, f.out_ratio});
     for (History h : {History::decode, History::prefill_decode, History::verify_commit}) {
       const std::vector<Row> rows = run_history(h, pr.problem, pr.truth, at, arena, 7 + i);
       const std::string what = fmt::format("{} {} state {} gate", history_name(h),
                                            dtype_name(configs[i].state), gate_name(configs[i].gate));
       double early = 0;  // the largest state error up to 4096 steps
       for (const Row& r : rows) {
-        csv << fmt::format("{},{},{},{},{:.6e},{:.6e},{:.1e}\n", history_name(h), dtype_name(configs[i].state),
-                           gate_name(configs[i].gate), r.steps, r.state_ratio, r.out_ratio, bound);
+        const Row& floor = pr.truth.floor.at(r.steps);
+        const double state_bound = std::max(tol, 1.5 * floor.state_ratio);
+        const double out_bound = std::max(tol, 1.5 * floor.out_ratio);
+        csv << fmt::format("{},{},{},{},{:.6e},{:.6e},{:.1e},{:.6e},{:.6e}\n", history_name(h),
+                           dtype_name(configs[i].state), gate_name(configs[i].gate), r.steps, r.state_ratio,
+                           r.out_ratio, tol, floor.state_ratio, floor.out_ratio);
         if (r.steps <= 4096) early = std::max(early, r.state_ratio);
-        EXPECT_LE(r.state_ratio, bound) << what << " after " << r.steps << " steps: state";
-        EXPECT_LE(r.out_ratio, bound) << what << " after " << r.steps << " steps: out";
+        EXPECT_LE(r.state_ratio, state_bound) << what << " after " << r.steps << " steps: state (floor "
+                                              << floor.state_ratio << ")";
+        EXPECT_LE(r.out_ratio, out_bound) << what << " after " << r.steps << " steps: out (floor "
+                                          << floor.out_ratio << ")";
       }
       const Row& last = rows.back();
       if (last.steps >= 8192) {
@@ -359,9 +417,10 @@ TEST(GpuDrift, LongHistoriesStayWithinTheBound) {
       const auto mid = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.steps == 4096; });
       const Row shown = mid != rows.end() ? *mid : rows.front();
       fmt::print("drift | {:<14} | state {:<4} | gate {:<9} | {:>5} steps: state {:.3e} out {:.3e} | "
-                 "{:>5} steps: state {:.3e} out {:.3e} | bound {:.0e}\n",
+                 "{:>5} steps: state {:.3e} out {:.3e} | tolerance {:.0e} | worst floor {:.3e}\n",
                  history_name(h), dtype_name(configs[i].state), gate_name(configs[i].gate), shown.steps,
-                 shown.state_ratio, shown.out_ratio, last.steps, last.state_ratio, last.out_ratio, bound);
+                 shown.state_ratio, shown.out_ratio, last.steps, last.state_ratio, last.out_ratio, tol,
+                 worst_floor);
       std::fflush(stdout);
       csv.flush();  // each history's rows on disk as soon as it ends
     }
