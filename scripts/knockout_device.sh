@@ -38,15 +38,19 @@ if ! (unset KDAGUARD_KNOCKOUT_DEVICE_RULE KDAGUARD_KNOCKOUT_RULE
 fi
 
 # Case names are <rule id with '.' as '_'>_<entry point>; a rule id's family (before its dot)
-# has no underscore.
+# has no underscore, and entry point names may hold one (record_verify), so the entry point is the
+# longest name the case ends with.
 cases=$("$bin" --gtest_list_tests --gtest_filter="$suite/*" | sed -n 's|^  DeviceWordEqualsTheHostVerdict/\([a-z_]*\).*|\1|p')
-entries="decode prefill verify commit"
+entries="decode prefill verify commit record_verify replay_commit accept_verify"
 declare -A verdict
 rules=()
 survived=0
 for case in $cases; do
-  entry=${case##*_}
-  rule_name=${case%_*}
+  entry=
+  for name in record_verify replay_commit accept_verify decode prefill verify commit; do
+    if [[ $case == *_"$name" ]]; then entry=$name; break; fi
+  done
+  rule_name=${case%_"$entry"}
   rule=${rule_name/_/.}
   [[ " ${rules[*]} " == *" $rule "* ]] || rules+=("$rule")
   echo "knockout_device: $rule on $entry ..." >&2
@@ -59,8 +63,8 @@ for case in $cases; do
   fi
 done
 
-table="| rule | decode | prefill | verify | commit |
-|---|---|---|---|---|"
+table="| rule | decode | prefill | verify | commit | record_verify | replay_commit | accept_verify |
+|---|---|---|---|---|---|---|---|"
 for rule in "${rules[@]}"; do
   row="| \`$rule\`"
   for entry in $entries; do row="$row | ${verdict[$rule/$entry]:-n/a}"; done
