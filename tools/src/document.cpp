@@ -91,8 +91,9 @@ class TreeBuilder final : public nlohmann::json_sax<Json> {
     if (stack_.size() >= static_cast<std::size_t>(kMaxNestingDepth)) {
       std::string where = container_path();
       const Frame& top = stack_.back();
-      where += "/" + (top.container->is_array() ? std::to_string(top.container->size())
-                                                : pointer_segment(top.key));
+      where += '/';
+      where += top.container->is_array() ? std::to_string(top.container->size())
+                                         : pointer_segment(top.key);
       error = DescriptionError{std::move(where),
                                fmt::format("nesting deeper than {} levels", kMaxNestingDepth)};
       return false;
@@ -215,7 +216,7 @@ std::optional<DescriptionError> read_document(std::string_view text, Visit&& vis
                           json_kind(whole.value))};
     if (whole.value.empty()) return DescriptionError{"", "the array holds no call to check"};
     for (std::size_t i = 0; i < whole.value.size(); ++i) {
-      std::string origin = "/" + std::to_string(i);
+      std::string origin = fmt::format("/{}", i);
       CallResult call = located(parse_call(whole.value[i]), origin, "");
       visit(DocumentCall{std::move(origin), std::move(call)});
     }
