@@ -412,8 +412,8 @@ void write_index_values(const CatalogueCall& call, const IndexValues& values) {
 
 Arg slot_map_of(Entry e) { return e == Entry::prefill ? Arg::initial_state_indices : Arg::cache_indices; }
 
-// prior_records' steps (accept_verify): its layout's, like the records'.
-i64 prior_steps(const GpuCase& c) { return c.plan.T + c.records.extra_steps; }
+// prior_records' steps (accept_verify): it is laid out like the records (build_problem).
+i64 prior_steps(const GpuCase& c) { return c.records.steps; }
 
 // The rows the host's value rules reject for these values: each row's own faults (row_rules.h,
 // the code the validators and the device guard share) and index.unique, worked out here apart:

@@ -60,7 +60,7 @@ void expect_ok(const Status& status, const CallPlan& spec, const char* what) {
 
 void check_reference(const RecordsCase& c) {
   const CallPlan& s = c.plan;
-  RecordProblem p = materialize_records(s, c.data_seed, c.layout);
+  RecordProblem p = materialize_records(s, c.data_seed, c.records);
   const Snapshot fresh = p.host.snapshot();
   DecodeTrace trace;
   expect_ok(decode_each_token(p.host, trace), s, "decode");

@@ -53,7 +53,7 @@ struct GpuCase {
   GpuMode mode = GpuMode::conformance;
   Entry entry = Entry::decode;  // the entry point run; plan.entry is its plan's (plan_entry())
   CallPlan plan;
-  RecordLayout records;               // record-based entry points: the record buffers
+  RecordBufferPlan records;           // record-based entry points: the record buffers' layout
   bool prior_accepted_values = true;  // accept_verify: prior_accepted carries a host copy
   std::uint64_t data_seed = 0;
   int chunks_per_block = 0;  // LaunchOptions tuning; results must not depend on it
@@ -157,7 +157,7 @@ inline GpuCase draw_gpu_case(GpuMode mode, Chooser& c) {
   g.data_seed = static_cast<std::uint64_t>(c.pick(0, std::int64_t{1} << 30));
   g.chunks_per_block = static_cast<int>(c.pick(0, 9));
   if (is_record_entry(g.entry)) {
-    g.records = {c.pick(0, 2), c.pick(0, 2), c.pick(0, 1), c.pick(0, 2)};
+    g.records = draw_record_buffer(g.plan.rows(), g.plan.T, c);
     g.prior_accepted_values = c.coin();
   }
   if (mode != GpuMode::planted) return g;

@@ -26,7 +26,7 @@ struct RecordsCase {
   // reference
   CallPlan plan;
   std::uint64_t data_seed = 0;
-  RecordLayout layout;
+  RecordBufferPlan records;  // the record buffers' layout
 };
 
 inline constexpr Entry kRecordEntries[] = {Entry::record_verify, Entry::replay_commit,
@@ -38,7 +38,7 @@ inline RecordsCase draw_records_case(Chooser& c) {
   if (rc.mode == RecordsMode::reference) {
     rc.plan = reference_case_detail::draw_spec_for(Entry::commit, c, {});
     rc.data_seed = static_cast<std::uint64_t>(c.pick(0, std::int64_t{1} << 30));
-    rc.layout = {c.pick(0, 2), c.pick(0, 2), c.pick(0, 1), c.pick(0, 2)};
+    rc.records = draw_record_buffer(rc.plan.rows(), rc.plan.T, c);
     return rc;
   }
   const Entry e = c.element(kRecordEntries);

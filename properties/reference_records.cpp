@@ -23,13 +23,10 @@ namespace {
 
 using i64 = std::int64_t;
 
-RecordLayout gen_layout() {
-  RecordLayout l;
-  l.extra_rows = *rc::gen::inRange<i64>(0, 3);
-  l.extra_steps = *rc::gen::inRange<i64>(0, 3);
-  l.head_pad = *rc::gen::inRange<i64>(0, 2);
-  l.step_pad = *rc::gen::inRange<i64>(0, 2);
-  return l;
+// Record buffers for the plan's rows and steps, laid out as the generated record calls' are.
+RecordBufferPlan gen_layout(const CallPlan& spec) {
+  RapidCheckChooser choose;
+  return draw_record_buffer(spec.rows(), spec.T, choose);
 }
 
 // kda-math.md: f32 state within 1e-5 of the reference; a bf16 state adds its own rounding (a
@@ -55,7 +52,7 @@ std::optional<std::string> outputs_mismatch(const HostProblem& p, const DecodeTr
 
 RC_GTEST_PROP(ReferenceRecords, RecordVerifyEqualsSingleTokenDecodes, ()) {
   const CallPlan spec = *gen_verify_problem();
-  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
+  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout(spec));
   const Snapshot fresh = p.host.snapshot();
   DecodeTrace trace;
   RC_ASSERT(decode_each_token(p.host, trace).ok());
@@ -80,7 +77,7 @@ std::vector<std::vector<double>> committed_slots(const RecordProblem& p) {
 
 RC_GTEST_PROP(ReferenceRecords, ReplayCommitEqualsTheStateWritingCommit, ()) {
   const CallPlan spec = *gen_commit_problem();
-  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
+  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout(spec));
   const Snapshot fresh = p.host.snapshot();
   RC_ASSERT(reference::verify(*p.host.verify).ok());
   RC_ASSERT(reference::commit(*p.host.commit).ok());
@@ -108,7 +105,7 @@ RC_GTEST_PROP(ReferenceRecords, ReplayCommitEqualsTheStateWritingCommit, ()) {
 RC_GTEST_PROP(ReferenceRecords, ReplayCommitOfNothingChangesNothing, ()) {
   CallPlan spec = *gen_commit_problem();
   spec.accepted.assign(spec.row_lengths.size(), 0);
-  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
+  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout(spec));
   RC_ASSERT(reference::record_verify(p.record_verify()).ok());
   const Snapshot before = p.host.snapshot();
   RC_ASSERT(reference::replay_commit(p.replay_commit()).ok());
@@ -121,7 +118,7 @@ RC_GTEST_PROP(ReferenceRecords, ReplayCommitOfNothingChangesNothing, ()) {
 // record_verify, bit for bit.
 RC_GTEST_PROP(ReferenceRecords, AcceptVerifyIsReplayCommitThenRecordVerify, ()) {
   const CallPlan spec = *gen_commit_problem();
-  const RecordLayout layout = gen_layout();
+  const RecordBufferPlan layout = gen_layout(spec);
   RecordProblem first = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), layout);
   RecordProblem second = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), layout);
   RC_ASSERT(reference::record_verify(first.record_verify()).ok());
@@ -174,7 +171,7 @@ void break_index(TensorView& t, i64 index, i64 value, bool drop_copy) {
 
 RC_GTEST_PROP(ReferenceRecords, RefusedCallsTouchNothing, ()) {
   const CallPlan spec = *gen_commit_problem();
-  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout());
+  RecordProblem p = materialize_records(spec, *rc::gen::arbitrary<std::uint64_t>(), gen_layout(spec));
   RC_ASSERT(reference::record_verify(p.record_verify()).ok());
   const TensorView prior_accepted = add_index(p.host, "prior_accepted", spec.accepted);
   const i64 n = spec.rows();

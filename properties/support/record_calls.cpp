@@ -20,9 +20,7 @@ Entry base_entry(Entry record_entry) {
   }
 }
 
-namespace {
-
-RecordBufferPlan draw_buffer(i64 rows, i64 min_steps, Chooser& c) {
+RecordBufferPlan draw_record_buffer(i64 rows, i64 min_steps, Chooser& c) {
   RecordBufferPlan b;
   b.rows = rows + c.pick(0, 2);
   b.steps = min_steps + c.pick(0, 2);
@@ -33,8 +31,7 @@ RecordBufferPlan draw_buffer(i64 rows, i64 min_steps, Chooser& c) {
   return b;
 }
 
-// [S_rec, T_alloc, HV, 2K+V] of f32 with the plan's pitches, in an allocation of its own.
-TensorView record_view(const RecordBufferPlan& b, const CallPlan& base, std::uint64_t address) {
+TensorView record_buffer_view(const RecordBufferPlan& b, const CallPlan& base, std::uint64_t address) {
   const i64 width = 2 * base.K + base.V;
   const i64 head = width + 4 * b.head_pad;
   const i64 step = base.HV * head + 4 * b.step_pad;
@@ -58,6 +55,8 @@ TensorView record_view(const RecordBufferPlan& b, const CallPlan& base, std::uin
   if (base.explicit_device) t.device = base.device;
   return t;
 }
+
+namespace {
 
 TensorView prior_accepted_view(const RecordPlan& p) {
   const CallPlan& base = p.base;
@@ -84,9 +83,9 @@ RecordPlan draw_record_plan(Entry e, const PlanNeeds& needs, Chooser& c) {
   p.entry = e;
   p.base = draw_plan(base_entry(e), needs, c);
   const i64 n = p.base.rows();
-  p.records = draw_buffer(n, p.base.T, c);
+  p.records = draw_record_buffer(n, p.base.T, c);
   if (e == Entry::accept_verify) {
-    p.prior = draw_buffer(n, 1, c);  // the previous step's T_alloc, unrelated to this T
+    p.prior = draw_record_buffer(n, 1, c);  // the previous step's T_alloc, unrelated to this T
     p.prior_accepted.resize(static_cast<std::size_t>(n));
     for (auto& a : p.prior_accepted) a = c.pick(0, p.prior.steps);
     p.prior_accepted_values = needs.index_values || !c.one_in(3);
@@ -95,7 +94,7 @@ RecordPlan draw_record_plan(Entry e, const PlanNeeds& needs, Chooser& c) {
 }
 
 CatalogueCall derive_record_call(const RecordPlan& p, const AnyCall& base) {
-  const TensorView records = record_view(p.records, p.base, kRecordsAddress);
+  const TensorView records = record_buffer_view(p.records, p.base, kRecordsAddress);
   switch (p.entry) {
     case Entry::record_verify: {
       const auto& v = std::get<VerifyCall>(base);
@@ -111,7 +110,7 @@ CatalogueCall derive_record_call(const RecordPlan& p, const AnyCall& base) {
       AcceptVerifyCall r;
       r.device = v.device;
       copy_token_arguments(r, v);
-      r.prior_records = record_view(p.prior, p.base, kPriorRecordsAddress);
+      r.prior_records = record_buffer_view(p.prior, p.base, kPriorRecordsAddress);
       r.prior_accepted = prior_accepted_view(p);
       r.records = records;
       r.scalars = v.scalars;

@@ -56,6 +56,13 @@ struct GeneratedRecordCall {
 // The entry point a record entry point's base plan is drawn as: verify or commit.
 Entry base_entry(Entry record_entry);
 
+// A record buffer plan for `rows` rows (S_rec in [rows, rows + 2]) and at least `min_steps` steps,
+// with drawn pitches and view offset; the one drawing of record layouts (calls and host problems).
+RecordBufferPlan draw_record_buffer(std::int64_t rows, std::int64_t min_steps, Chooser& choose);
+// [S_rec, T_alloc, HV, 2K+V] of f32 with the plan's pitches over `base`'s dims, at `address` where
+// the base plan gives buffers addresses (sizes and device as the base plan says).
+TensorView record_buffer_view(const RecordBufferPlan& buffer, const CallPlan& base, std::uint64_t address);
+
 // Draws a valid plan of a record entry point meeting `needs` (the base plan's needs).
 RecordPlan draw_record_plan(Entry e, const PlanNeeds& needs, Chooser& choose);
 // The record call of a plan over a base call: the base call's shared arguments and scalars, and

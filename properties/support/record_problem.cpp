@@ -46,13 +46,12 @@ template <class Record, class Verify> void copy_token_arguments(Record& r, const
 TensorView add_record_buffer(HostProblem& host, std::string name, const TensorView& like) {
   i64 span = 0;
   for (int d = 0; d < 4; ++d) span += (std::max<i64>(like.shape[d], 1) - 1) * like.stride[d];
-  const i64 elements = like.numel() == 0 ? 1 : span + 1;
+  const i64 elements = like.storage_offset.count + (like.numel() == 0 ? 1 : span + 1);
   host.allocations.emplace_back(std::move(name), static_cast<std::size_t>(elements) * 4);
   Allocation& a = host.allocations.back();
   a.args.push_back(Arg::records);
   TensorView t = like;
   t.address = a.address();
-  t.storage_offset = Elements{0};
   t.storage_size = Elements{elements};
   t.device = std::nullopt;
   t.values.reset();
@@ -74,22 +73,26 @@ TensorView add_index(HostProblem& host, std::string name, const std::vector<i64>
 }
 
 RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
-                                  const RecordLayout& layout) {
+                                  const RecordBufferPlan& records) {
   if (spec.entry != Entry::verify && spec.entry != Entry::commit)
     throw std::logic_error("materialize_records: a verify or commit plan");
+  if (records.rows < spec.rows() || records.steps < spec.T)
+    throw std::logic_error("materialize_records: fewer record rows or steps than the plan's");
   RecordProblem p{materialize(spec, seed), {}};
-  const i64 width = 2 * spec.K + spec.V;
-  const i64 head = width + 4 * layout.head_pad;
-  const i64 step = spec.HV * head + 4 * layout.step_pad;
-  const i64 steps = spec.T + layout.extra_steps;
-  TensorView shape;
-  shape.dtype = DType::f32;
-  shape.rank = 4;
-  shape.shape = {spec.rows() + layout.extra_rows, steps, spec.HV, width};
-  shape.stride = {steps * step, step, head, 1};
-  p.records = add_record_buffer(p.host, "records", shape);
+  p.records = add_record_buffer(p.host, "records", record_buffer_view(records, spec, 0));
   p.poison_records();
   return p;
+}
+
+RecordBufferPlan compact_records(const CallPlan& spec) {
+  RecordBufferPlan compact;
+  compact.rows = spec.rows();
+  compact.steps = spec.T;
+  return compact;
+}
+
+RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed) {
+  return materialize_records(spec, seed, compact_records(spec));
 }
 
 RecordVerifyCall RecordProblem::record_verify() const {

@@ -1,5 +1,6 @@
 // Host problems of the record-based speculative path: a verify or commit HostProblem (problem.h)
-// with a record buffer [S_rec, T_alloc, HV, 2K+V] of f32 added to its allocations, and the
+// with a record buffer [S_rec, T_alloc, HV, 2K+V] of f32 added to its allocations, laid out by a
+// RecordBufferPlan (record_calls.h, the layout the data-less record calls use too), and the
 // record_verify / replay_commit calls over the very buffers its verify and commit calls use. So
 // the record path and the state-writing path run on the same inputs, pool and counts, and the
 // problem's snapshots cover the records too.
@@ -12,13 +13,9 @@
 #include <vector>
 
 #include "problem.h"
+#include "record_calls.h"
 
 namespace kdaguard::support {
-
-struct RecordLayout {
-  std::int64_t extra_rows = 0, extra_steps = 0;  // S_rec - N, T_alloc - T
-  std::int64_t head_pad = 0, step_pad = 0;       // 16-byte units past the compact pitches
-};
 
 struct RecordProblem {
   HostProblem host;   // a verify or commit problem
@@ -40,9 +37,13 @@ struct RecordProblem {
 TensorView record_at(const TensorView& records, std::int64_t n, std::int64_t t);
 
 RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
-                                  const RecordLayout& layout = {});
+                                  const RecordBufferPlan& records);
+// Compact records: the plan's rows and draft steps, no padding (compact_records).
+RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed);
+RecordBufferPlan compact_records(const CallPlan& spec);
 
-// A record buffer shaped like `like` (rows, steps, pitches) in a new allocation of `host`.
+// A record buffer shaped like `like` (rows, steps, pitches, storage offset) in a new allocation of
+// `host`.
 TensorView add_record_buffer(HostProblem& host, std::string name, const TensorView& like);
 // An i32 index tensor [values.size()] with host values in a new allocation of `host`.
 TensorView add_index(HostProblem& host, std::string name, const std::vector<std::int64_t>& values);

@@ -264,18 +264,15 @@ support::GenLimits limits() {
   return l;
 }
 
-support::RecordLayout draw_layout() {
-  support::RecordLayout l;
-  l.extra_rows = *rc::gen::inRange<i64>(0, 3);
-  l.extra_steps = *rc::gen::inRange<i64>(0, 3);
-  l.head_pad = *rc::gen::inRange<i64>(0, 2);
-  l.step_pad = *rc::gen::inRange<i64>(0, 2);
-  return l;
+// Record buffers for the plan's rows and steps, laid out as the generated record calls' are.
+support::RecordBufferPlan draw_layout(const CallPlan& spec) {
+  support::RapidCheckChooser choose;
+  return support::draw_record_buffer(spec.rows(), spec.T, choose);
 }
 
 // record_verify on the GPU, then (commit specs) replay_commit; both checked as the header says.
 void check_record_path(const CallPlan& spec, std::uint64_t seed, int chunks_per_block,
-                       const support::RecordLayout& layout, DeviceArena& arena) {
+                       const support::RecordBufferPlan& layout, DeviceArena& arena) {
   arena.reset();
   RecordProblem dev = support::materialize_records(spec, seed, layout);
   RecordProblem ref = support::materialize_records(spec, seed, layout);
@@ -362,7 +359,7 @@ AcceptVerifyCall fused_call(const RecordVerifyCall& draft, const TensorView& pri
 // Two speculative steps of one batch: the first verified by records on the GPU (its accepted
 // counts are the commit spec's), the second a fresh draft of the same shape on the first's pool.
 void check_accept_verify(const CallPlan& spec, std::uint64_t seed, std::uint64_t draft_seed,
-                         int chunks_per_block, const support::RecordLayout& layout,
+                         int chunks_per_block, const support::RecordBufferPlan& layout,
                          DeviceArena& arena) {
   arena.reset();
   RecordProblem first = support::materialize_records(spec, seed, layout);
@@ -509,7 +506,7 @@ TEST(GpuRecords, RecordVerifyMatchesReferenceAndDecodes) {
   run_property("record_verify", 200, [](DeviceArena& arena) {
     const CallPlan spec = *support::gen_verify_problem(limits());
     check_record_path(spec, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
-                      draw_layout(), arena);
+                      draw_layout(spec), arena);
   });
 }
 
@@ -518,7 +515,7 @@ TEST(GpuRecords, ReplayCommitMatchesReferenceAndDecodes) {
   run_property("record_verify+replay_commit", 200, [](DeviceArena& arena) {
     const CallPlan spec = *support::gen_commit_problem(limits());
     check_record_path(spec, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
-                      draw_layout(), arena);
+                      draw_layout(spec), arena);
   });
 }
 
@@ -536,7 +533,7 @@ TEST(GpuRecords, AcceptVerifyIsReplayCommitThenRecordVerify) {
     const CallPlan spec = *support::gen_commit_problem(limits());
     check_accept_verify(spec, *rc::gen::arbitrary<std::uint64_t>(),
                         *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 9),
-                        draw_layout(), arena);
+                        draw_layout(spec), arena);
   });
 }
 
@@ -570,8 +567,8 @@ TEST(GpuRecords, ServingBatchSizes) {
     const CallPlan spec = batch_spec(*support::gen_commit_problem(l), B, T);
     RC_TAG(B, T, dtype_name(spec.state_dtype));
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
-    check_record_path(spec, seed, 0, {}, arena);
-    check_accept_verify(spec, seed, seed ^ 0x9e3779b97f4a7c15ull, 0, {}, arena);
+    check_record_path(spec, seed, 0, support::compact_records(spec), arena);
+    check_accept_verify(spec, seed, seed ^ 0x9e3779b97f4a7c15ull, 0, support::compact_records(spec), arena);
   });
 }
 
