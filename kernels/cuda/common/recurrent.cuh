@@ -325,13 +325,14 @@ template <class ST, int K> struct ChunkRows {
 };
 
 // Walks `chunks` chunks with the next chunk's loads in flight while the current one is computed:
-// process(raw, chunk) gets each chunk's raw vectors in order. Two named buffers (not an indexed
-// array) keep both in registers.
+// process(raw, chunk) gets each chunk's raw vectors in order, chunk 0's already issued into `even`
+// by rows.load (so a caller can prepare its steps while they are in flight). Two named buffers
+// (not an indexed array) keep both in registers.
 template <class ST, int K, class Process>
-__device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
-                                                int chunks, Process&& process) {
-  uint4 even[4], odd[4];
-  rows.load(head, V, 0, even);
+__device__ __forceinline__ void pipeline_preloaded_chunks(const ChunkRows<ST, K>& rows,
+                                                          const ST* head, int V, int chunks,
+                                                          uint4 (&even)[4], Process&& process) {
+  uint4 odd[4];
   for (int chunk = 0; chunk < chunks; chunk += 2) {
     if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
     process(even, chunk);
@@ -340,6 +341,15 @@ __device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, co
       process(odd, chunk + 1);
     }
   }
+}
+
+// pipeline_preloaded_chunks from the first chunk's loads.
+template <class ST, int K, class Process>
+__device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                                int chunks, Process&& process) {
+  uint4 even[4];
+  rows.load(head, V, 0, even);
+  pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, even, static_cast<Process&&>(process));
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -181,23 +181,6 @@ __device__ __forceinline__ void closed_draft_row(const float (&s)[16], const Clo
   }
 }
 
-// pipeline_chunks (common/recurrent.cuh) with chunk 0's loads already issued into `even` by
-// rows.load, so the caller can prepare its steps while they are in flight.
-template <class ST, int K, class Process>
-__device__ __forceinline__ void pipeline_preloaded_chunks(const ChunkRows<ST, K>& rows,
-                                                          const ST* head, int V, int chunks,
-                                                          uint4 (&even)[4], Process&& process) {
-  uint4 odd[4];
-  for (int chunk = 0; chunk < chunks; chunk += 2) {
-    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
-    process(even, chunk);
-    if (chunk + 1 < chunks) {
-      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
-      process(odd, chunk + 1);
-    }
-  }
-}
-
 // kFitsBatch: the call's bounds (T, and the replayed records' steps) are at most
 // kRecordStepBatch, so every row's replay and draft fit one batch of prepared steps and the kernel
 // holds only that path: without the batched path beside it, ptxas keeps the chunk loop's values in
