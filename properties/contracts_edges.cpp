@@ -43,9 +43,8 @@ void assert_only(const GeneratedCall& g, RuleId rule, std::string_view argument,
 }
 
 // A storage offset before the allocation's start, on any argument. A pool's base byte offset is
-// then negative too: state.base_align sees it unless it is a multiple of 32 bytes. Offsets near
-// INT64_MIN have a byte offset past 64 bits: in whole 32-byte units it is still a multiple of 32,
-// so arg.extent is reported alone there too.
+// then negative too: state.base_align sees it unless it is a multiple of 32 bytes, also for
+// offsets near INT64_MIN, whose byte offset is past 64 bits (its residue modulo 32 is still exact).
 RC_GTEST_PROP(ContractsEdges, NegativeStorageOffsetIsOutsideTheAllocation, ()) {
   auto g = *gen_any_call();
   std::vector<Arg> candidates;
@@ -54,18 +53,23 @@ RC_GTEST_PROP(ContractsEdges, NegativeStorageOffsetIsOutsideTheAllocation, ()) {
   RC_PRE(!candidates.empty());
   const Arg a = *rc::gen::elementOf(candidates);
   TensorView& t = view(g, a);
-  if (*rc::gen::arbitrary<bool>()) {
-    t.storage_offset.count =
-        std::numeric_limits<std::int64_t>::min() + *rc::gen::inRange<std::int64_t>(0, 5) * 32;
-    assert_only(g, RuleId::arg_extent, arg_name(a),
-                {std::string(arg_name(a)), fmt::format("storage_offset {}", t.storage_offset.count)});
-    return;
-  }
-  // Whole 16-byte vectors, so the data address keeps its alignment.
-  t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 5) * (16 / element_size(t.dtype));
-  const std::int64_t base_bytes = t.storage_offset.count * element_size(t.dtype);
+  const std::int64_t esize = element_size(t.dtype);
   const bool pool = a == Arg::state || a == Arg::initial_state || a == Arg::scratch;
-  if (!pool || base_bytes % 32 == 0) {
+  const bool near_min = *rc::gen::arbitrary<bool>();
+  std::string base_text;  // the base byte offset as state.base_align's message gives it
+  std::int64_t misaligned_bytes = 0;  // the base byte offset's distance past a multiple of 32
+  if (near_min) {
+    const std::int64_t k = *rc::gen::inRange<std::int64_t>(0, 161);
+    t.storage_offset.count = std::numeric_limits<std::int64_t>::min() + k;
+    misaligned_bytes = k * esize % 32;
+    base_text = fmt::format("base byte offset {} x {} (past 64 bits", t.storage_offset.count, esize);
+  } else {
+    // Whole 16-byte vectors, so the data address keeps its alignment.
+    t.storage_offset.count = -*rc::gen::inRange<std::int64_t>(1, 5) * (16 / esize);
+    misaligned_bytes = t.storage_offset.count * esize % 32;
+    base_text = fmt::format("base byte offset {}", t.storage_offset.count * esize);
+  }
+  if (!pool || misaligned_bytes == 0) {
     assert_only(g, RuleId::arg_extent, arg_name(a),
                 {std::string(arg_name(a)), fmt::format("storage_offset {}", t.storage_offset.count)});
     return;
@@ -74,8 +78,7 @@ RC_GTEST_PROP(ContractsEdges, NegativeStorageOffsetIsOutsideTheAllocation, ()) {
   RC_ASSERT(v.violations.size() == 2u);
   RC_ASSERT(v.violations[0].rule == RuleId::arg_extent);
   RC_ASSERT(v.violations[1].rule == RuleId::state_base_align);
-  RC_ASSERT(v.violations[1].message.find(fmt::format("base byte offset {}", base_bytes)) !=
-            std::string::npos);
+  RC_ASSERT(v.violations[1].message.find(base_text) != std::string::npos);
 }
 
 // Scratch rows that do not flatten into steps: stride[0] below T_alloc * stride[1] (rows overlap,

@@ -723,13 +723,22 @@ void check_pool_layout(const Context& ctx, const ArgSpec& s, const TensorView& t
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} slot "
                        "stride {} elements must be a multiple of 16",
                        name, slot));
-  const i64 base_bytes = saturating_mul(t.storage_offset.count, v.esize);
-  if (base_bytes % 32 != 0 || v.data % 32 != 0)
+  // The base byte offset modulo 32 from the element offset's residue, so it stays exact where
+  // offset x esize passes 64 bits (an offset near INT64_MIN, which arg.extent refuses too).
+  const i64 base_residue = t.storage_offset.count % 32 * v.esize % 32;
+  if (base_residue != 0 || v.data % 32 != 0) {
+    i64 base_bytes = 0;
+    const bool past_64_bits = __builtin_mul_overflow(t.storage_offset.count, v.esize, &base_bytes);
     // state.base_align
     a.fail(RuleId::state_base_align,
            fmt::format("recurrent_kda state pool breaks the compiled stride contract: {} base "
                        "byte offset {} (data address {:#x}) must be a multiple of 32",
-                       name, base_bytes, v.data));
+                       name,
+                       past_64_bits ? fmt::format("{} x {} (past 64 bits; {} modulo 32)",
+                                                  t.storage_offset.count, v.esize, base_residue)
+                                    : std::to_string(base_bytes),
+                       v.data));
+  }
   if (slot < slot_size)
     // state.slot_stride_min
     a.fail(RuleId::state_slot_stride_min,
