@@ -28,7 +28,6 @@
 #include <map>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include "fuzz_chooser.h"
