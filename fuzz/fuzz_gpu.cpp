@@ -172,23 +172,17 @@ CaseProblem build_problem(const GpuCase& c) {
   TensorView prior_accepted = add_index(rp.host, "prior_accepted", c.plan.accepted);
   if (!c.prior_accepted_values) prior_accepted.values.reset();
   cp.next_records = add_record_buffer(rp.host, "next_records", rp.records);
-  std::memset(rp.host.allocations.back().data(), 0xff, rp.host.allocations.back().bytes());  // NaN
-  const RecordVerifyCall draft = rp.record_verify();
-  AcceptVerifyCall f;
-  f.device = draft.device;
-  f.q = draft.q; f.k = draft.k; f.v = draft.v; f.a = draft.a; f.g = draft.g;
-  f.A_log = draft.A_log; f.dt_bias = draft.dt_bias; f.b = draft.b; f.beta = draft.beta;
-  f.cu_seqlens = draft.cu_seqlens; f.state = draft.state; f.cache_indices = draft.cache_indices;
-  f.out = draft.out; f.scalars = draft.scalars;
-  f.prior_records = rp.records;
-  f.prior_accepted = prior_accepted;
-  f.records = *cp.next_records;
-  cp.call = f;
+  poison(std::vector<TensorView>{*cp.next_records});
+  RecordVerifyCall draft = rp.record_verify();
+  draft.records = *cp.next_records;
+  cp.call = accept_verify_call(draft, rp.records, prior_accepted);
   return cp;
 }
 
-// What row n of the case's call writes, as views of its problem (padding rows write their
-// outputs as zeros; records and slots only of active rows).
+// What row n of the case's call writes, as views of its problem: its tokens' rows of out (padding
+// rows write zeros), and its slots as HostProblem::slots_written_by_row() gives them for the four
+// state-writing entry points (replay_commit writes commit's); record_verify its records,
+// accept_verify its slot and its new records (active rows only).
 void row_writes(const CaseProblem& cp, const GpuCase& c, std::int64_t n, std::vector<TensorView>& regions) {
   const CallPlan& s = c.plan;
   const HostProblem& p = cp.rp.host;
@@ -198,41 +192,34 @@ void row_writes(const CaseProblem& cp, const GpuCase& c, std::int64_t n, std::ve
   auto tokens = [&](const TensorView& out) {
     for (std::int64_t t = first; t < first + length; ++t) regions.push_back(slice_rows(out, t, 1));
   };
-  auto slot = [&](const TensorView& pool, std::int64_t flat) { regions.push_back(slice_rows(flat_pool(pool), flat, 1)); };
+  auto slots = [&] {
+    for (const WrittenRegion& r : p.slots_written_by_row(n)) regions.push_back(r.view);
+  };
   auto records = [&](const TensorView& buffer) {
     for (std::int64_t t = 0; slot_index >= 0 && t < length; ++t) regions.push_back(record_at(buffer, n, t));
   };
   switch (c.entry) {
-    case Entry::decode: {
-      const auto& call = std::get<DecodeCall>(p.call);
-      tokens(*call.out);
-      if (slot_index >= 0) slot(*call.state, slot_index);
+    case Entry::decode:
+      tokens(*std::get<DecodeCall>(p.call).out);
+      slots();
       break;
-    }
-    case Entry::prefill: {
-      const auto& call = std::get<PrefillCall>(p.call);
-      tokens(*call.out);
-      if (length > 0) slot(*call.initial_state, slot_index);
+    case Entry::prefill:
+      tokens(*std::get<PrefillCall>(p.call).out);
+      slots();
       break;
-    }
     case Entry::verify:
       tokens(*p.verify->out);
-      for (std::int64_t t = 0; slot_index >= 0 && t < length; ++t) {
-        const std::int64_t flat = s.scratch_slot(n, t);
-        if (flat >= 0) slot(*p.verify->scratch, flat);
-      }
+      slots();
       break;
     case Entry::commit:
-    case Entry::replay_commit:
-      if (slot_index >= 0 && s.accepted[n] > 0) slot(*p.commit->state, slot_index);
-      break;
+    case Entry::replay_commit: slots(); break;
     case Entry::record_verify:
       tokens(*p.verify->out);
       records(cp.rp.records);
       break;
     case Entry::accept_verify:
       tokens(*p.verify->out);
-      if (slot_index >= 0) slot(*p.verify->state, slot_index);
+      if (slot_index >= 0) regions.push_back(slice_rows(flat_pool(*p.verify->state), slot_index, 1));
       records(*cp.next_records);
       break;
   }

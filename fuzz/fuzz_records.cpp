@@ -108,18 +108,12 @@ void check_reference(const RecordsCase& c) {
   // accept_verify on a copy of these records (the same draft again) against replay_commit then
   // record_verify, from the pool before the replay.
   p.host.restore(before_replay);
-  AcceptVerifyCall fused;
+  const TensorView prior_records = add_record_buffer(p.host, "prior_records", p.records);
+  std::memcpy(p.host.allocation_of(prior_records)->data(), p.host.allocation_of(p.records)->data(),
+              p.host.allocation_of(p.records)->bytes());
   const RecordVerifyCall rv = p.record_verify();
-  fused.device = rv.device;
-  fused.q = rv.q; fused.k = rv.k; fused.v = rv.v; fused.a = rv.a; fused.g = rv.g;
-  fused.A_log = rv.A_log; fused.dt_bias = rv.dt_bias; fused.b = rv.b; fused.beta = rv.beta;
-  fused.cu_seqlens = rv.cu_seqlens; fused.state = rv.state; fused.cache_indices = rv.cache_indices;
-  fused.out = rv.out; fused.scalars = rv.scalars;
-  fused.prior_records = add_record_buffer(p.host, "prior_records", p.records);
-  std::memcpy(p.host.allocation_of(*fused.prior_records)->data(),
-              p.host.allocation_of(p.records)->data(), p.host.allocation_of(p.records)->bytes());
-  fused.prior_accepted = add_index(p.host, "prior_accepted", s.accepted);
-  fused.records = p.records;
+  const AcceptVerifyCall fused =
+      accept_verify_call(rv, prior_records, add_index(p.host, "prior_accepted", s.accepted));
   const Snapshot before_fused = p.host.snapshot();
   expect_ok(reference::accept_verify(fused), s, "accept_verify");
   const Snapshot fused_result = p.host.snapshot();

@@ -127,15 +127,7 @@ RC_GTEST_PROP(ReferenceRecords, AcceptVerifyIsReplayCommitThenRecordVerify, ()) 
   // The second draft verified from the first problem's pool.
   RecordVerifyCall draft = second.record_verify();
   draft.state = first.host.verify->state;
-  AcceptVerifyCall fused;
-  fused.device = draft.device;
-  fused.q = draft.q; fused.k = draft.k; fused.v = draft.v; fused.a = draft.a; fused.g = draft.g;
-  fused.A_log = draft.A_log; fused.dt_bias = draft.dt_bias; fused.b = draft.b;
-  fused.beta = draft.beta; fused.cu_seqlens = draft.cu_seqlens; fused.state = draft.state;
-  fused.cache_indices = draft.cache_indices; fused.out = draft.out; fused.records = draft.records;
-  fused.scalars = draft.scalars;
-  fused.prior_records = first.records;
-  fused.prior_accepted = prior_accepted;
+  const AcceptVerifyCall fused = accept_verify_call(draft, first.records, prior_accepted);
 
   second.host.poison_outputs();
   const Snapshot first_before = first.host.snapshot(), second_before = second.host.snapshot();
@@ -189,15 +181,8 @@ RC_GTEST_PROP(ReferenceRecords, RefusedCallsTouchNothing, ()) {
 
   RecordVerifyCall rv = p.record_verify();
   ReplayCommitCall replay = p.replay_commit();
-  AcceptVerifyCall av;
-  av.device = rv.device;
-  av.q = rv.q; av.k = rv.k; av.v = rv.v; av.a = rv.a; av.g = rv.g; av.A_log = rv.A_log;
-  av.dt_bias = rv.dt_bias; av.b = rv.b; av.beta = rv.beta; av.cu_seqlens = rv.cu_seqlens;
-  av.state = rv.state; av.cache_indices = rv.cache_indices; av.out = rv.out;
-  av.scalars = rv.scalars;
-  av.prior_records = add_record_buffer(p.host, "prior_records", p.records);
-  av.prior_accepted = prior_accepted;
-  av.records = rv.records;
+  AcceptVerifyCall av =
+      accept_verify_call(rv, add_record_buffer(p.host, "prior_records", p.records), prior_accepted);
 
   RuleId rule = RuleId::records_steps;
   Entry entry = *rc::gen::elementOf(std::vector<Entry>{Entry::record_verify, Entry::replay_commit,

@@ -320,41 +320,46 @@ std::vector<double> read_floats_from(const TensorView& view, const std::byte* by
 }  // namespace
 
 std::vector<WrittenRegion> HostProblem::written_regions() const {
+  std::vector<WrittenRegion> regions;
+  switch (plan.entry) {
+    case Entry::decode: regions.push_back({WrittenRegion::Kind::out, -1, *std::get<DecodeCall>(call).out}); break;
+    case Entry::prefill: regions.push_back({WrittenRegion::Kind::out, -1, *std::get<PrefillCall>(call).out}); break;
+    case Entry::verify: regions.push_back({WrittenRegion::Kind::out, -1, *verify->out}); break;
+    case Entry::commit: break;  // writes no out
+    case Entry::record_verify:
+    case Entry::replay_commit:
+    case Entry::accept_verify: return regions;  // not a HostProblem entry point
+  }
+  for (std::int64_t n = 0; n < plan.rows(); ++n) {
+    std::vector<WrittenRegion> slots = slots_written_by_row(n);
+    regions.insert(regions.end(), slots.begin(), slots.end());
+  }
+  return regions;
+}
+
+std::vector<WrittenRegion> HostProblem::slots_written_by_row(std::int64_t n) const {
   using Kind = WrittenRegion::Kind;
   std::vector<WrittenRegion> regions;
   const CallPlan& s = plan;
   auto slot = [&](const TensorView& pool, std::int64_t flat, Kind kind) {
     regions.push_back({kind, flat, slice_rows(flat_pool(pool), flat, 1)});
   };
+  const std::int64_t slot_index = s.slot_of_row[n];
   switch (s.entry) {
-    case Entry::decode: {
-      const auto& c = std::get<DecodeCall>(call);
-      regions.push_back({Kind::out, -1, *c.out});
-      for (std::int64_t n = 0; n < s.rows(); ++n)
-        if (s.slot_of_row[n] >= 0) slot(*c.state, s.slot_of_row[n], Kind::state_slot);
+    case Entry::decode:
+      if (slot_index >= 0) slot(*std::get<DecodeCall>(call).state, slot_index, Kind::state_slot);
       break;
-    }
-    case Entry::prefill: {
-      const auto& c = std::get<PrefillCall>(call);
-      regions.push_back({Kind::out, -1, *c.out});
-      for (std::int64_t n = 0; n < s.rows(); ++n)
-        if (s.row_lengths[n] > 0) slot(*c.initial_state, s.slot_of_row[n], Kind::state_slot);
+    case Entry::prefill:
+      if (s.row_lengths[n] > 0) slot(*std::get<PrefillCall>(call).initial_state, slot_index, Kind::state_slot);
       break;
-    }
     case Entry::verify:
-      regions.push_back({Kind::out, -1, *verify->out});
-      for (std::int64_t n = 0; n < s.rows(); ++n) {
-        if (s.slot_of_row[n] < 0) continue;
-        for (std::int64_t t = 0; t < s.row_lengths[n]; ++t) {
-          const std::int64_t flat = s.scratch_slot(n, t);
-          if (flat >= 0) slot(*verify->scratch, flat, Kind::scratch_slot);
-        }
+      for (std::int64_t t = 0; slot_index >= 0 && t < s.row_lengths[n]; ++t) {
+        const std::int64_t flat = s.scratch_slot(n, t);
+        if (flat >= 0) slot(*verify->scratch, flat, Kind::scratch_slot);
       }
       break;
     case Entry::commit:
-      for (std::int64_t n = 0; n < s.rows(); ++n)
-        if (s.slot_of_row[n] >= 0 && accepted_count(s, n) > 0)
-          slot(*commit->state, s.slot_of_row[n], Kind::state_slot);
+      if (slot_index >= 0 && accepted_count(s, n) > 0) slot(*commit->state, slot_index, Kind::state_slot);
       break;
     case Entry::record_verify:
     case Entry::replay_commit:

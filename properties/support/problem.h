@@ -98,6 +98,8 @@ struct HostProblem {
   // prefill sequences of length > 0; commit rows with accepted > 0), the scratch slots of active
   // rows' tokens (verify). Derived from the plan, not from any kernel.
   std::vector<WrittenRegion> written_regions() const;
+  // The pool or scratch slots row n writes: written_regions() less out, one row's.
+  std::vector<WrittenRegion> slots_written_by_row(std::int64_t n) const;
   // Per allocation, a mask of the bytes of written_regions().
   std::vector<std::vector<bool>> writable() const;
   // A description of the first byte that changed since `before` although it is not writable,

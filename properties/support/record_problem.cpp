@@ -43,6 +43,16 @@ template <class Record, class Verify> void copy_token_arguments(Record& r, const
 
 }  // namespace
 
+AcceptVerifyCall accept_verify_call(const RecordVerifyCall& draft, const TensorView& prior_records,
+                                    const TensorView& prior_accepted) {
+  AcceptVerifyCall f;
+  copy_token_arguments(f, draft);
+  f.records = draft.records;
+  f.prior_records = prior_records;
+  f.prior_accepted = prior_accepted;
+  return f;
+}
+
 TensorView add_record_buffer(HostProblem& host, std::string name, const TensorView& like) {
   i64 span = 0;
   for (int d = 0; d < 4; ++d) span += (std::max<i64>(like.shape[d], 1) - 1) * like.stride[d];

@@ -42,6 +42,11 @@ RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed,
 RecordProblem materialize_records(const CallPlan& spec, std::uint64_t seed);
 RecordBufferPlan compact_records(const CallPlan& spec);
 
+// The fused step over a record_verify call: its inputs, pool, slot map, out, records and scalars,
+// replaying prior_accepted[n] steps of prior_records first.
+AcceptVerifyCall accept_verify_call(const RecordVerifyCall& draft, const TensorView& prior_records,
+                                    const TensorView& prior_accepted);
+
 // A record buffer shaped like `like` (rows, steps, pitches, storage offset) in a new allocation of
 // `host`.
 TensorView add_record_buffer(HostProblem& host, std::string name, const TensorView& like);

@@ -343,19 +343,6 @@ void check_replay_of_nothing(CallPlan spec, std::uint64_t seed, int chunks_per_b
   RC_ASSERT(dev.host.snapshot() == verified);
 }
 
-AcceptVerifyCall fused_call(const RecordVerifyCall& draft, const TensorView& prior_records,
-                            const TensorView& prior_accepted) {
-  AcceptVerifyCall f;
-  f.device = draft.device;
-  f.q = draft.q; f.k = draft.k; f.v = draft.v; f.a = draft.a; f.g = draft.g;
-  f.A_log = draft.A_log; f.dt_bias = draft.dt_bias; f.b = draft.b; f.beta = draft.beta;
-  f.cu_seqlens = draft.cu_seqlens; f.state = draft.state; f.cache_indices = draft.cache_indices;
-  f.out = draft.out; f.records = draft.records; f.scalars = draft.scalars;
-  f.prior_records = prior_records;
-  f.prior_accepted = prior_accepted;
-  return f;
-}
-
 // Two speculative steps of one batch: the first verified by records on the GPU (its accepted
 // counts are the commit spec's), the second a fresh draft of the same shape on the first's pool.
 void check_accept_verify(const CallPlan& spec, std::uint64_t seed, std::uint64_t draft_seed,
@@ -376,7 +363,7 @@ void check_accept_verify(const CallPlan& spec, std::uint64_t seed, std::uint64_t
 
   RecordVerifyCall draft_host = second.record_verify();
   draft_host.state = first.host.verify->state;
-  const AcceptVerifyCall fused_host = fused_call(draft_host, first.records, prior_accepted);
+  const AcceptVerifyCall fused_host = support::accept_verify_call(draft_host, first.records, prior_accepted);
   const RecordVerifyCall draft = on_device(draft_host, both);
   const AcceptVerifyCall fused = on_device(fused_host, both);
 
@@ -461,7 +448,7 @@ std::pair<support::Snapshot, support::Snapshot> two_record_steps(const CallPlan&
   draft.state = first.host.verify->state;
   const RecordVerifyCall rv = on_device(first.record_verify(), both);
   const ReplayCommitCall replay = on_device(first.replay_commit(), both);
-  const AcceptVerifyCall fused = on_device(fused_call(draft, first.records, prior_accepted), both);
+  const AcceptVerifyCall fused = on_device(support::accept_verify_call(draft, first.records, prior_accepted), both);
   const gpu::LaunchOptions options = options_for(spec, 0, arena);
   auto steps = [&](cudaStream_t stream) {
     gpu::LaunchOptions on = options;
@@ -599,7 +586,7 @@ TEST(GpuRecords, DeferredPriorAcceptedSkipsExactlyItsRow) {
       RecordVerifyCall draft = draft_problem.record_verify();
       draft.state = p.host.verify->state;
       const AcceptVerifyCall fused =
-          on_device(fused_call(draft, p.records, prior_accepted),
+          on_device(support::accept_verify_call(draft, p.records, prior_accepted),
                     {Placed{&p.host, &a}, Placed{&draft_problem.host, &b}});
       gpu::LaunchOptions options;
       options.guard = make_guard(arena, spec.rows());
