@@ -28,29 +28,10 @@ Status decode_each_token(HostProblem& problem, DecodeTrace& trace) {
   for (std::size_t n = 0; n < s.row_lengths.size(); ++n) {
     const std::int64_t slot = s.slot_of_row[n];
     for (std::int64_t t = 0; slot >= 0 && t < s.row_lengths[n]; ++t) {
-      const std::int64_t token = first_token + t;
-      auto row = [&](const OptionalView& v) -> OptionalView {
-        return v ? OptionalView(slice_rows(*v, token, 1)) : std::nullopt;
-      };
-      DecodeCall dc;
-      dc.device = vc.device;
-      dc.q = row(vc.q);
-      dc.k = row(vc.k);
-      dc.v = row(vc.v);
-      dc.a = row(vc.a);
-      dc.g = row(vc.g);
-      dc.b = row(vc.b);
-      dc.beta = row(vc.beta);
-      dc.A_log = vc.A_log;
-      dc.dt_bias = vc.dt_bias;
-      dc.state = vc.state;
       const auto slot32 = static_cast<std::int32_t>(slot);
       std::memcpy(slot_buffer.data(), &slot32, 4);
-      dc.cache_indices = cache_indices;
-      dc.cache_indices->values = std::vector<std::int64_t>{slot};
-      dc.out = out;
-      dc.scalars = vc.scalars;
-      dc.scalars.draft_token_num.reset();
+      cache_indices.values = std::vector<std::int64_t>{slot};
+      const DecodeCall dc = token_decode(vc, first_token + t, vc.state, cache_indices, out);
       if (Status status = reference::decode(dc); !status.ok()) return status;
       trace.out[n].push_back(read_floats(out));
       trace.state[n].push_back(read_slot(*vc.state, slot));

@@ -40,6 +40,7 @@
 #include "kdaguard/kda.h"
 #include "kdaguard/reference.h"
 #include "problem.h"
+#include "speculative.h"
 
 namespace kdaguard::gputest {
 namespace {
@@ -145,19 +146,7 @@ void add_rounding_floor(HostProblem& p, const std::vector<std::int64_t>& at, Tru
   std::int64_t t = 0, previous = 0;
   for (const std::int64_t c : at) {
     for (; t < c; ++t) {
-      auto row = [&](const OptionalView& v) -> OptionalView {
-        return v ? OptionalView(slice_rows(*v, t, 1)) : std::nullopt;
-      };
-      DecodeCall d;
-      d.device = call.device;
-      d.q = row(call.q); d.k = row(call.k); d.v = row(call.v); d.a = row(call.a); d.g = row(call.g);
-      d.b = row(call.b); d.beta = row(call.beta);
-      d.A_log = call.A_log;
-      d.dt_bias = call.dt_bias;
-      d.state = call.initial_state;
-      d.cache_indices = slot_index;
-      d.out = slice_rows(*call.out, t, 1);
-      d.scalars = call.scalars;
+      const DecodeCall d = support::token_decode(call, t, call.initial_state, slot_index, slice_rows(*call.out, t, 1));
       if (const Status s = reference::decode(d); !s.ok())
         throw std::runtime_error("reference decode: " + to_string(s));
     }

@@ -33,6 +33,7 @@
 #include "kdaguard/reference.h"
 #include "problem.h"
 #include "record_problem.h"
+#include "speculative.h"
 
 namespace kdaguard::gputest {
 namespace {
@@ -186,27 +187,9 @@ GpuDecodeTrace decode_on_gpu(const CallPlan& spec, std::uint64_t seed, DeviceAre
   for (std::size_t n = 0; n < spec.row_lengths.size(); ++n) {
     const i64 slot = spec.slot_of_row[n];
     for (i64 t = 0; slot >= 0 && t < spec.row_lengths[n]; ++t) {
-      const i64 token = first_token + t;
-      auto row = [&](const OptionalView& v) -> OptionalView {
-        return v ? OptionalView(support::slice_rows(*v, token, 1)) : std::nullopt;
-      };
-      DecodeCall dc;
-      dc.device = vc.device;
-      dc.q = row(vc.q);
-      dc.k = row(vc.k);
-      dc.v = row(vc.v);
-      dc.a = row(vc.a);
-      dc.g = row(vc.g);
-      dc.b = row(vc.b);
-      dc.beta = row(vc.beta);
-      dc.A_log = vc.A_log;
-      dc.dt_bias = vc.dt_bias;
-      dc.state = vc.state;
-      dc.cache_indices = slot_index;
-      dc.cache_indices->values = std::vector<i64>{slot};
-      dc.out = out;
-      dc.scalars = vc.scalars;
-      dc.scalars.draft_token_num.reset();
+      TensorView slot_value = slot_index;
+      slot_value.values = std::vector<i64>{slot};
+      const DecodeCall dc = support::token_decode(vc, first_token + t, vc.state, slot_value, out);
       const auto slot32 = static_cast<std::int32_t>(slot);
       const support::Allocation* index_allocation = p.allocation_of(slot_index);
       check_cuda(cudaMemcpy(reinterpret_cast<void*>(
