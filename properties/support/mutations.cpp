@@ -9,6 +9,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "view_edits.h"
+
 namespace kdaguard::support {
 
 using i64 = std::int64_t;
@@ -16,22 +18,7 @@ using i64 = std::int64_t;
 namespace {
 
 using namespace entry_masks;
-
-// An address far from every buffer build_call places (those sit at kFakeAddressBase + i * 4 GiB
-// for small i), for buffers a mutation moves.
-constexpr std::uint64_t kMovedAddress = kFakeAddressBase + 4096 * kFakeAddressPitch;
-
-OptionalView& slot(GeneratedCall& g, Arg a) {
-  OptionalView* v = find_argument(g.call, a);
-  if (v == nullptr) throw std::logic_error("mutation: entry point has no such argument");
-  return *v;
-}
-
-TensorView& present(GeneratedCall& g, Arg a) {
-  OptionalView& v = slot(g, a);
-  if (!v) throw std::logic_error("mutation: argument absent in the generated call");
-  return *v;
-}
+using namespace view_edits;
 
 bool has(const GeneratedCall& g, Arg a) {
   const OptionalView* v = find_argument(g.call, a);
@@ -46,28 +33,6 @@ Arg slot_map_arg(const GeneratedCall& g) {
 }
 
 void rebuild(GeneratedCall& g) { g.call = build_call(g.plan); }
-
-// Moves a view into an allocation of its own with compact row-major strides, no size known.
-void detach_compact(TensorView& t) {
-  t.address = 0;
-  t.storage_offset = Elements{0};
-  t.storage_size.reset();
-  i64 step = 1;
-  for (int d = std::min(t.rank, kMaxRank) - 1; d >= 0; --d) {
-    t.stride[d] = step;
-    if (__builtin_mul_overflow(step, std::max<i64>(t.shape[d], 1), &step))
-      step = std::numeric_limits<i64>::max();  // absurd shapes (fuzzing): saturate
-  }
-}
-
-// The views present in the call.
-std::vector<Arg> present_args(const GeneratedCall& g) {
-  std::vector<Arg> args;
-  for_each_argument(g.call, [&](Arg a, const OptionalView& v) {
-    if (v) args.push_back(a);
-  });
-  return args;
-}
 
 Arg pick_arg(std::span<const Arg> args, Chooser& c) { return c.element(args); }
 
@@ -85,34 +50,6 @@ i64 active_row(const CallPlan& p, i64 k) {
   for (i64 r = 0; r < p.rows(); ++r)
     if (p.slot_of_row[r] >= 0 && k-- == 0) return r;
   throw std::logic_error("mutation: not enough active rows");
-}
-
-// What the violation of the mutation's rule must say (GeneratedCall::message_texts).
-template <class... Args>
-void expect(GeneratedCall& g, fmt::format_string<Args...> text, Args&&... args) {
-  g.message_texts.push_back(fmt::format(text, std::forward<Args>(args)...));
-}
-std::string shape_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.shape.data(), static_cast<std::size_t>(t.rank)), ", "));
-}
-std::string stride_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.stride.data(), static_cast<std::size_t>(t.rank)), ", "));
-}
-// A view's first and one-past-last byte, as alias.overlap quotes them.
-std::string byte_range_text(const TensorView& t) {
-  i64 last = 0;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  const i64 es = element_size(t.dtype);
-  const std::uint64_t begin = t.address + static_cast<std::uint64_t>(t.storage_offset.count * es);
-  return fmt::format("[{:#x}, {:#x})", begin, begin + static_cast<std::uint64_t>((last + 1) * es));
-}
-std::uint64_t data_address(const TensorView& t) {
-  return t.address + static_cast<std::uint64_t>(t.storage_offset.count * element_size(t.dtype));
-}
-
-Device other_device(Device d) {
-  if (d.kind == Device::Kind::cpu) return Device{Device::Kind::cuda, 0};
-  return Device{Device::Kind::cuda, d.index + 1};
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -253,15 +190,6 @@ void index_i64(GeneratedCall& g, Chooser& c) {
   expect(g, "{} has dtype i64; expected i32", arg_name(a));
 }
 
-// arg.device
-void other_device_argument(GeneratedCall& g, Chooser& c) {
-  const auto args = present_args(g);
-  const Arg a = pick_arg(args, c);
-  present(g, a).device = other_device(device_of(g.call));
-  expect(g, "{} is on {}; the call runs on {}", arg_name(a), device_name(*present(g, a).device),
-         device_name(device_of(g.call)));
-}
-
 // arg.last_dim_contiguous
 void q_every_other_element(GeneratedCall& g, Chooser&) {
   TensorView& q = present(g, Arg::q);
@@ -280,49 +208,11 @@ void index_every_other_entry(GeneratedCall& g, Chooser& c) {
 }
 
 // arg.stride
-void negative_stride(GeneratedCall& g, Chooser& c) {
-  std::vector<std::pair<Arg, int>> candidates;  // (argument, dim) with a positive stride
-  for (Arg a : present_args(g)) {
-    const TensorView& t = present(g, a);
-    for (int d = 0; d < t.rank; ++d)
-      if (t.stride[d] > 0) candidates.emplace_back(a, d);
-  }
-  const auto [arg, dim] = c.element(std::span<const std::pair<Arg, int>>(candidates));
-  TensorView& t = present(g, arg);
-  // Element [0..0] moves to the far end, so every element stays inside the allocation.
-  t.storage_offset.count += std::max<i64>(t.shape[dim] - 1, 0) * t.stride[dim];
-  t.stride[dim] = -t.stride[dim];
-  expect(g, "{} has a negative stride {} in dim {}; strides {}", arg_name(arg), t.stride[dim], dim,
-         stride_text(t));
-}
 void out_heads_share_memory(GeneratedCall& g, Chooser&) {
   TensorView& out = present(g, Arg::out);
   out.stride[1] = 0;
   expect(g, "output out maps two elements to one address: shape {}, strides {}", shape_text(out),
          stride_text(out));
-}
-
-// arg.extent
-void storage_one_short(GeneratedCall& g, Chooser& c) {
-  std::vector<Arg> candidates;
-  for (Arg a : present_args(g))
-    if (present(g, a).numel() > 0) candidates.push_back(a);
-  const Arg a = pick_arg(candidates, c);
-  TensorView& t = present(g, a);
-  i64 last = t.storage_offset.count;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  t.storage_size = Elements{last};  // element `last` is the one past the end
-  expect(g, "{} reaches element {} of its allocation, which holds {} elements (shape {}, strides {}, "
-         "storage_offset {})", arg_name(a), last, last, shape_text(t), stride_text(t),
-         t.storage_offset.count);
-}
-void offset_overflows(GeneratedCall& g, Chooser& c) {
-  const auto args = present_args(g);
-  const Arg a = pick_arg(args, c);
-  TensorView& t = present(g, a);
-  t.storage_offset = Elements{std::numeric_limits<i64>::max() - c.pick(0, 3)};
-  expect(g, "{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}", arg_name(a),
-         shape_text(t), stride_text(t), t.storage_offset.count);
 }
 
 // arg.alignment
@@ -433,69 +323,21 @@ void pool_rank_three(GeneratedCall& g, Chooser&) {
 }
 // The pool (or, in verify and commit, sometimes the scratch) whose layout a state.* mutation
 // breaks; `inner` is the index of its HV dim.
-TensorView& some_pool(GeneratedCall& g, Chooser& c, int& inner) {
+// The state pool of the call, or for verify and commit sometimes the scratch.
+Pool some_pool(GeneratedCall& g, Chooser& c) {
   const bool scratch = (g.plan.entry == Entry::verify || g.plan.entry == Entry::commit) && c.coin();
-  inner = scratch ? 2 : 1;
-  return present(g, scratch ? Arg::scratch : pool_arg(g));
+  const Arg a = scratch ? Arg::scratch : pool_arg(g);
+  return {present(g, a), scratch ? 2 : 1, arg_name(a)};
 }
-std::string_view pool_name(int inner, const GeneratedCall& g) {
-  return inner == 2 ? "scratch" : arg_name(pool_arg(g));
-}
-// Rewrites the slot (scratch: step) and HV strides of a pool in an allocation of its own.
-void restride_pool(TensorView& t, int inner, i64 slot, i64 head) {
-  t.address = 0;
-  t.storage_size.reset();
-  t.stride[inner] = head;
-  t.stride[inner - 1] = slot;
-  if (inner == 2) t.stride[0] = slot * t.shape[1];
-}
-void pool_heads_padded(GeneratedCall& g, Chooser& c) {
-  int inner = 1;
-  TensorView& t = some_pool(g, c, inner);
-  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
-  if (c.coin()) {
-    restride_pool(t, inner, HV * (VK + 16) + 16 * c.pick(0, 2), VK + 16);
-  } else {
-    // A transposed view of a [.., K, V] pool: the seed's "vendor layout".
-    t.stride[inner + 1] = 1;
-    t.stride[inner + 2] = t.shape[inner + 1];
-  }
-  expect(g, "compact (V*K, K, 1)=({}, {}, 1); got ({}, {}, {})", VK, t.shape[inner + 2],
-         t.stride[inner], t.stride[inner + 1], t.stride[inner + 2]);
-  expect(g, "for {}", pool_name(inner, g));
-}
+void pool_heads_padded(GeneratedCall& g, Chooser& c) { pad_pool_heads(some_pool(g, c), c, g.message_texts); }
 void slot_stride_unaligned(GeneratedCall& g, Chooser& c) {
-  int inner = 1;
-  TensorView& t = some_pool(g, c, inner);
-  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
-  restride_pool(t, inner, HV * VK + 16 * c.pick(0, 2) + c.pick(1, 15), VK);
-  // Seed 003's text, then the pool's own numbers.
-  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} slot stride {} "
-         "elements must be a multiple of 16", pool_name(inner, g), t.stride[inner - 1]);
+  misalign_slot_stride(some_pool(g, c), c, g.message_texts);
 }
 void pool_base_unaligned(GeneratedCall& g, Chooser& c) {
-  int inner = 1;
-  TensorView& t = some_pool(g, c, inner);
-  const i64 es = element_size(t.dtype);
-  t.storage_size.reset();
-  if (c.coin()) {
-    t.address = 0;
-    t.storage_offset = Elements{(32 * c.pick(0, 3) + 16) / es};  // the seed's 16-byte base offset
-  } else {
-    t.address = kMovedAddress + 16;  // the data address itself off by 16 bytes
-    t.storage_offset = Elements{0};
-  }
-  expect(g, "recurrent_kda state pool breaks the compiled stride contract: {} base byte offset {} "
-         "(data address {:#x}) must be a multiple of 32", pool_name(inner, g),
-         t.storage_offset.count * es, data_address(t));
+  misalign_pool_base(some_pool(g, c), c, g.message_texts);
 }
 void slot_stride_too_small(GeneratedCall& g, Chooser& c) {
-  int inner = 1;
-  TensorView& t = some_pool(g, c, inner);
-  const i64 HV = t.shape[inner], VK = t.shape[inner + 1] * t.shape[inner + 2];
-  restride_pool(t, inner, HV * VK - 16 * c.pick(1, 4), VK);
-  expect(g, "{} slot stride {} is smaller than a slot, HV*V*K = {}", pool_name(inner, g),
-         t.stride[inner - 1], HV * VK);
+  overlap_pool_slots(some_pool(g, c), c, g.message_texts);
 }
 void empty_pool(GeneratedCall& g, Chooser&) {
   present(g, pool_arg(g)).shape[0] = 0;

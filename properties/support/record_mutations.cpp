@@ -7,6 +7,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "view_edits.h"
+
 namespace kdaguard::support {
 
 using i64 = std::int64_t;
@@ -14,68 +16,7 @@ using i64 = std::int64_t;
 namespace {
 
 using namespace entry_masks;
-
-// As in mutations.cpp: an address far from every buffer the generators place.
-constexpr std::uint64_t kMovedAddress = kFakeAddressBase + 4096 * kFakeAddressPitch;
-
-OptionalView& slot(GeneratedRecordCall& g, Arg a) {
-  OptionalView* v = find_argument(g.call, a);
-  if (v == nullptr) throw std::logic_error("record mutation: entry point has no such argument");
-  return *v;
-}
-
-TensorView& present(GeneratedRecordCall& g, Arg a) {
-  OptionalView& v = slot(g, a);
-  if (!v) throw std::logic_error("record mutation: argument absent in the generated call");
-  return *v;
-}
-
-std::vector<Arg> present_args(const GeneratedRecordCall& g) {
-  std::vector<Arg> args;
-  for_each_argument(g.call, [&](Arg a, const OptionalView& v) {
-    if (v) args.push_back(a);
-  });
-  return args;
-}
-
-template <class... Args>
-void expect(GeneratedRecordCall& g, fmt::format_string<Args...> text, Args&&... args) {
-  g.message_texts.push_back(fmt::format(text, std::forward<Args>(args)...));
-}
-
-std::string shape_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.shape.data(), static_cast<std::size_t>(t.rank)), ", "));
-}
-std::string stride_text(const TensorView& t) {
-  return fmt::format("({})", fmt::join(std::span(t.stride.data(), static_cast<std::size_t>(t.rank)), ", "));
-}
-std::uint64_t data_address(const TensorView& t) {
-  return t.address + static_cast<std::uint64_t>(t.storage_offset.count * element_size(t.dtype));
-}
-std::string byte_range_text(const TensorView& t) {
-  i64 last = 0;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  const std::uint64_t begin = data_address(t);
-  return fmt::format("[{:#x}, {:#x})", begin,
-                     begin + static_cast<std::uint64_t>((last + 1) * element_size(t.dtype)));
-}
-
-void detach_compact(TensorView& t) {
-  t.address = 0;
-  t.storage_offset = Elements{0};
-  t.storage_size.reset();
-  i64 step = 1;
-  for (int d = std::min(t.rank, kMaxRank) - 1; d >= 0; --d) {
-    t.stride[d] = step;
-    if (__builtin_mul_overflow(step, std::max<i64>(t.shape[d], 1), &step))
-      step = std::numeric_limits<i64>::max();
-  }
-}
-
-Device other_device(Device d) {
-  if (d.kind == Device::Kind::cpu) return Device{Device::Kind::cuda, 0};
-  return Device{Device::Kind::cuda, d.index + 1};
-}
+using namespace view_edits;
 
 Entry entry(const GeneratedRecordCall& g) { return g.plan.entry; }
 
@@ -142,15 +83,6 @@ void prior_accepted_i64(GeneratedRecordCall& g, Chooser&) {
   expect(g, "prior_accepted has dtype i64; expected i32");
 }
 
-void other_device_argument(GeneratedRecordCall& g, Chooser& c) {
-  const auto args = present_args(g);
-  const Arg a = c.element(std::span<const Arg>(args));
-  const Device call_device = device_of(g.call);
-  present(g, a).device = other_device(call_device);
-  expect(g, "{} is on {}; the call runs on {}", arg_name(a), device_name(*present(g, a).device),
-         device_name(call_device));
-}
-
 void records_every_other_element(GeneratedRecordCall& g, Chooser& c) {
   const Arg a = some_record_buffer(g, c);
   TensorView& t = present(g, a);
@@ -160,50 +92,12 @@ void records_every_other_element(GeneratedRecordCall& g, Chooser& c) {
          arg_name(a), stride_text(t));
 }
 
-void negative_stride(GeneratedRecordCall& g, Chooser& c) {
-  std::vector<std::pair<Arg, int>> candidates;
-  for (Arg a : present_args(g)) {
-    const TensorView& t = present(g, a);
-    for (int d = 0; d < t.rank; ++d)
-      if (t.stride[d] > 0) candidates.emplace_back(a, d);
-  }
-  const auto [arg, dim] = c.element(std::span<const std::pair<Arg, int>>(candidates));
-  TensorView& t = present(g, arg);
-  t.storage_offset.count += std::max<i64>(t.shape[dim] - 1, 0) * t.stride[dim];
-  t.stride[dim] = -t.stride[dim];
-  expect(g, "{} has a negative stride {} in dim {}; strides {}", arg_name(arg), t.stride[dim], dim,
-         stride_text(t));
-}
-
 // Value heads of the written records on one address (HV >= 2: PlanNeeds).
 void records_heads_share_memory(GeneratedRecordCall& g, Chooser&) {
   TensorView& t = present(g, Arg::records);
   t.stride[2] = 0;
   expect(g, "output records maps two elements to one address: shape {}, strides {}", shape_text(t),
          stride_text(t));
-}
-
-void storage_one_short(GeneratedRecordCall& g, Chooser& c) {
-  std::vector<Arg> candidates;
-  for (Arg a : present_args(g))
-    if (present(g, a).numel() > 0) candidates.push_back(a);
-  const Arg a = c.element(std::span<const Arg>(candidates));
-  TensorView& t = present(g, a);
-  i64 last = t.storage_offset.count;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  t.storage_size = Elements{last};
-  expect(g, "{} reaches element {} of its allocation, which holds {} elements (shape {}, strides {}, "
-         "storage_offset {})", arg_name(a), last, last, shape_text(t), stride_text(t),
-         t.storage_offset.count);
-}
-
-void offset_overflows(GeneratedRecordCall& g, Chooser& c) {
-  const auto args = present_args(g);
-  const Arg a = c.element(std::span<const Arg>(args));
-  TensorView& t = present(g, a);
-  t.storage_offset = Elements{std::numeric_limits<i64>::max() - c.pick(0, 3)};
-  expect(g, "{} reaches past 64-bit arithmetic: shape {}, strides {}, storage_offset {}", arg_name(a),
-         shape_text(t), stride_text(t), t.storage_offset.count);
 }
 
 void records_misaligned(GeneratedRecordCall& g, Chooser& c) {
@@ -248,50 +142,18 @@ void prior_records_over_records(GeneratedRecordCall& g, Chooser&) {
 
 // ---- state.* on the pool (the record calls have no scratch) -------------------------------------
 
-void restride_state(TensorView& t, i64 slot, i64 head) {
-  t.address = 0;
-  t.storage_size.reset();
-  t.stride[1] = head;
-  t.stride[0] = slot;
-}
+Pool state_pool(GeneratedRecordCall& g) { return {present(g, Arg::state), 1, "state"}; }
 void pool_heads_padded(GeneratedRecordCall& g, Chooser& c) {
-  TensorView& t = present(g, Arg::state);
-  const i64 HV = t.shape[1], VK = t.shape[2] * t.shape[3];
-  if (c.coin()) {
-    restride_state(t, HV * (VK + 16) + 16 * c.pick(0, 2), VK + 16);
-  } else {
-    t.stride[2] = 1;
-    t.stride[3] = t.shape[2];
-  }
-  expect(g, "compact (V*K, K, 1)=({}, {}, 1); got ({}, {}, {})", VK, t.shape[3], t.stride[1],
-         t.stride[2], t.stride[3]);
-  expect(g, "for state");
+  pad_pool_heads(state_pool(g), c, g.message_texts);
 }
 void slot_stride_unaligned(GeneratedRecordCall& g, Chooser& c) {
-  TensorView& t = present(g, Arg::state);
-  const i64 HV = t.shape[1], VK = t.shape[2] * t.shape[3];
-  restride_state(t, HV * VK + 16 * c.pick(0, 2) + c.pick(1, 15), VK);
-  expect(g, "state slot stride {} elements must be a multiple of 16", t.stride[0]);
+  misalign_slot_stride(state_pool(g), c, g.message_texts);
 }
 void pool_base_unaligned(GeneratedRecordCall& g, Chooser& c) {
-  TensorView& t = present(g, Arg::state);
-  const i64 es = element_size(t.dtype);
-  t.storage_size.reset();
-  if (c.coin()) {
-    t.address = 0;
-    t.storage_offset = Elements{(32 * c.pick(0, 3) + 16) / es};
-  } else {
-    t.address = kMovedAddress + 16;
-    t.storage_offset = Elements{0};
-  }
-  expect(g, "state base byte offset {} (data address {:#x}) must be a multiple of 32",
-         t.storage_offset.count * es, data_address(t));
+  misalign_pool_base(state_pool(g), c, g.message_texts);
 }
 void slot_stride_too_small(GeneratedRecordCall& g, Chooser& c) {
-  TensorView& t = present(g, Arg::state);
-  const i64 HV = t.shape[1], VK = t.shape[2] * t.shape[3];
-  restride_state(t, HV * VK - 16 * c.pick(1, 4), VK);
-  expect(g, "state slot stride {} is smaller than a slot, HV*V*K = {}", t.stride[0], HV * VK);
+  overlap_pool_slots(state_pool(g), c, g.message_texts);
 }
 
 // ---- the record rules ---------------------------------------------------------------------------
