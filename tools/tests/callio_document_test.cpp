@@ -50,7 +50,7 @@ TEST(Document, OneCall) {
 }
 
 TEST(Document, ArrayOfCalls) {
-  const Document document = parse_document("[" + accepted_call() + ",\n" + kRejectedCall + "]");
+  const Document document = parse_document(fmt::format("[{},\n{}]", accepted_call(), kRejectedCall));
   ASSERT_FALSE(document.error);
   ASSERT_EQ(document.calls.size(), 2u);
   EXPECT_EQ(document.calls[1].origin, "/1");
@@ -58,7 +58,8 @@ TEST(Document, ArrayOfCalls) {
 }
 
 TEST(Document, JsonLinesSkipBlankLinesAndCarriageReturns) {
-  const std::string text = "\n" + accepted_call() + "\r\n  \t\n" + kRejectedCall + "\r\n\n";
+  const std::string text =
+      fmt::format("\n{}\r\n  \t\n{}\r\n\n", accepted_call(), kRejectedCall);
   const Document document = parse_document(text);
   ASSERT_FALSE(document.error) << format_error(*document.error);
   ASSERT_EQ(document.calls.size(), 2u);
@@ -160,8 +161,8 @@ TEST(Check, ExitCodesAndVerdicts) {
 
   // One malformed call of three: the other two are judged and printed, and the exit is 2.
   const CheckOutcome mixed = check_document(
-      "[" + kRejectedCall + R"(, {"entry": "decode", "tensors": {"q": {"dtype": "f64"}}}, )" +
-      accepted_call() + "]");
+      fmt::format(R"([{}, {{"entry": "decode", "tensors": {{"q": {{"dtype": "f64"}}}}}}, {}])",
+                  kRejectedCall, accepted_call()));
   EXPECT_EQ(mixed.exit_code, 2);
   ASSERT_EQ(verdicts_of(mixed).size(), 2u);
   EXPECT_EQ(verdicts_of(mixed)[0]["accepted"], false);
@@ -170,7 +171,7 @@ TEST(Check, ExitCodesAndVerdicts) {
 }
 
 TEST(Check, IsAPureFunctionOfTheText) {
-  const std::string text = "[" + accepted_call() + "," + kRejectedCall + "]";
+  const std::string text = fmt::format("[{},{}]", accepted_call(), kRejectedCall);
   const CheckOutcome first = check_document(text);
   const CheckOutcome second = check_document(text);
   EXPECT_EQ(first.exit_code, second.exit_code);
