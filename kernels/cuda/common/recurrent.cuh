@@ -237,35 +237,6 @@ __device__ __forceinline__ float step_row(float (&s)[16], const StepInputs<K, kS
   return step_row<ST, K, kSteps>(s, sm, step, group_lane, v, u);
 }
 
-// One recorded step replayed on one state row held by a lane group: S <- S diag(exp(g)) + u k^T,
-// with the same operations in the same order as step_row, so the replayed row equals the one the
-// verify carried. sm holds the record's k and exp(g) (decay) in step_row's places; u is the row's.
-template <class ST, int K, int kSteps>
-__device__ __forceinline__ void replay_row(float (&s)[16], const StepInputs<K, kSteps>& sm, int step,
-                                           int group_lane, float u) {
-  using Tile = RowTile<ST, K>;
-  float k[16];
-#pragma unroll
-  for (int c = 0; c < Tile::kVecs; ++c) {
-#pragma unroll
-    for (int w = 0; w < Tile::kPerVec; w += 4) {
-      const int at = (c * Tile::kLanes + group_lane) * Tile::kPerVec + w;
-      const float4 kv = *reinterpret_cast<const float4*>(&sm.k[step][at]);
-      const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[step][at]);
-      const int e = c * Tile::kPerVec + w;
-      const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
-      const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        s[e + j] *= dd[j];
-        k[e + j] = kk[j];
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 16; ++e) s[e] += u * k[e];
-}
-
 // Block coordinates: blockIdx.x enumerates (row n, head hv, slice), slices fastest.
 struct BlockCoords {
   std::int32_t n, hv, slice;
