@@ -165,11 +165,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const uint4 raw = row_in[r] ? load_stream(vector_at(r, i)) : make_uint4(0, 0, 0, 0);
-      s[r][4 * i] = __uint_as_float(raw.x);
-      s[r][4 * i + 1] = __uint_as_float(raw.y);
-      s[r][4 * i + 2] = __uint_as_float(raw.z);
-      s[r][4 * i + 3] = __uint_as_float(raw.w);
+      StateVec<float>::unpack(row_in[r] ? load_stream(vector_at(r, i)) : make_uint4(0, 0, 0, 0),
+                              &s[r][4 * i]);
     }
 
   // The draft's tokens (a warp per token) and the head side, while the state loads are in flight.
@@ -223,10 +220,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         if (row_in[r])
 #pragma unroll
           for (int i = 0; i < kVecs; ++i)
-            store_stream(vector_at(r, i),
-                         make_uint4(__float_as_uint(s[r][4 * i]), __float_as_uint(s[r][4 * i + 1]),
-                                    __float_as_uint(s[r][4 * i + 2]),
-                                    __float_as_uint(s[r][4 * i + 3])));
+            store_stream(vector_at(r, i), StateVec<float>::pack(&s[r][4 * i]));
       __syncthreads();  // the tiles below overwrite the replayed steps
     }
   }
