@@ -154,25 +154,40 @@ __device__ __forceinline__ LaneToken<kCh> prepare_lane_token(const TokenInputs& 
 // One warp prepares one token for value head hv into shared memory (verify): the lane-token
 // preparation over channels lane + 32 i, and v for the block's `rows` rows from row0. record_gk
 // non-null (record-based verify): the token's g and k are also written there, g at [0, K) and k
-// at [K, 2K) of its record.
-template <class IO, int K, int kSteps>
-__device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
-                                              int row0, int rows, int lane, int step,
-                                              StepInputs<K, kSteps>& sm,
-                                              float* record_gk = nullptr) {
-  constexpr int kPerLane = K / 32;
-  constexpr int kVPerLane = kMaxRowsPerBlock / 32;
+// at [K, 2K) of its record. In two halves, so that a caller can overlap the loads' round trip with
+// other work: load_token issues every load, store_token uses them.
+template <int K> struct LoadedToken {
+  static constexpr int kPerLane = K / 32;
+  static constexpr int kVPerLane = kMaxRowsPerBlock / 32;
+  LaneTokenInputs<kPerLane> x;
+  float v[kVPerLane];
+};
+
+template <class IO, int K>
+__device__ __forceinline__ LoadedToken<K> load_token(const TokenInputs& in, int hv,
+                                                     std::int64_t token, int row0, int rows,
+                                                     int lane) {
+  using Loaded = LoadedToken<K>;
   const IO* vp = static_cast<const IO*>(in.v.data) + token * in.v.token_stride + hv * in.v.head_stride;
-  float vx[kVPerLane];
+  Loaded loaded;
 #pragma unroll
-  for (int i = 0; i < kVPerLane; ++i) {
+  for (int i = 0; i < Loaded::kVPerLane; ++i) {
     const int r = lane + 32 * i;
-    vx[i] = r < rows && row0 + r < in.V ? to_f32(vp[row0 + r]) : 0.f;
+    loaded.v[i] = r < rows && row0 + r < in.V ? to_f32(vp[row0 + r]) : 0.f;
   }
-  const LaneToken<kPerLane> t =
-      prepare_lane_token<IO, K, kPerLane, 32>(in, hv, token, [&](int i) { return lane + 32 * i; });
+  loaded.x = load_lane_token<IO, K, Loaded::kPerLane>(in, hv, token,
+                                                      [&](int i) { return lane + 32 * i; });
+  return loaded;
+}
+
+template <int K, int kSteps>
+__device__ __forceinline__ void store_token(const TokenInputs& in, const LoadedToken<K>& loaded,
+                                            int lane, int step, StepInputs<K, kSteps>& sm,
+                                            float* record_gk = nullptr) {
+  using Loaded = LoadedToken<K>;
+  const LaneToken<Loaded::kPerLane> t = finish_lane_token<K, Loaded::kPerLane, 32>(in, loaded.x);
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < Loaded::kPerLane; ++i) {
     const int c = lane + 32 * i;
     sm.k[step][c] = t.k[i];
     sm.q[step][c] = t.q[i];
@@ -183,11 +198,20 @@ __device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std
     }
   }
 #pragma unroll
-  for (int i = 0; i < kVPerLane; ++i) sm.v[step][lane + 32 * i] = vx[i];
+  for (int i = 0; i < Loaded::kVPerLane; ++i) sm.v[step][lane + 32 * i] = loaded.v[i];
   if (lane == 0) {
     sm.beta[step] = t.beta;
     sm.kq[step] = t.kq;
   }
+}
+
+template <class IO, int K, int kSteps>
+__device__ __forceinline__ void prepare_token(const TokenInputs& in, int hv, std::int64_t token,
+                                              int row0, int rows, int lane, int step,
+                                              StepInputs<K, kSteps>& sm,
+                                              float* record_gk = nullptr) {
+  store_token<K, kSteps>(in, load_token<IO, K>(in, hv, token, row0, rows, lane), lane, step, sm,
+                         record_gk);
 }
 
 // One token on one state row held by a lane group: decay, prediction error on the decayed row,

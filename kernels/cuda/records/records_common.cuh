@@ -144,28 +144,60 @@ template <int K> struct alignas(16) ReplaySteps {
   float u[kRecordStepBatch][kMaxRowsPerBlock];
 };
 
-// Loads steps [t0, t0 + steps) of the records at `head` (one row and value head) into rs, for the
-// block's state rows [row0, row0 + rows): a warp per step. The caller synchronises the block
-// before (the buffer's previous batch) and after.
+// One step of the records at `head` (one row and value head) as a warp holds it between its loads
+// and its store into a batch (load_replay_step, store_replay_step): split so that a kernel can
+// issue these small loads before its state's, which would otherwise queue ahead of them.
+template <int K> struct LoadedReplayStep {
+  float g[K / 32], k[K / 32], u[kMaxRowsPerBlock / 32];
+};
+
+// Loads step t for the block's state rows [row0, row0 + rows), channels and rows lane + 32 i.
+template <int K>
+__device__ __forceinline__ LoadedReplayStep<K> load_replay_step(const float* head,
+                                                                std::int64_t step_stride, int t,
+                                                                int row0, int rows, int V,
+                                                                int lane) {
+  LoadedReplayStep<K> x;
+  const float* record = head + t * step_stride;
+#pragma unroll
+  for (int i = 0; i < K / 32; ++i) {
+    const int c = lane + 32 * i;
+    x.g[i] = record[c];
+    x.k[i] = record[K + c];
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxRowsPerBlock / 32; ++i) {
+    const int r = lane + 32 * i;
+    x.u[i] = r < rows && row0 + r < V ? record[2 * K + row0 + r] : 0.f;
+  }
+  return x;
+}
+
+// Stores a loaded step as entry `step` of the batch: exp(g), k and u.
+template <int K>
+__device__ __forceinline__ void store_replay_step(const LoadedReplayStep<K>& x, int step, int lane,
+                                                  ReplaySteps<K>& rs) {
+#pragma unroll
+  for (int i = 0; i < K / 32; ++i) {
+    const int c = lane + 32 * i;
+    rs.decay[step][c] = expf(x.g[i]);
+    rs.k[step][c] = x.k[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxRowsPerBlock / 32; ++i) rs.u[step][lane + 32 * i] = x.u[i];
+}
+
+// Loads steps [t0, t0 + steps) of the records at `head` into rs, for the block's state rows
+// [row0, row0 + rows): a warp per step. The caller synchronises the block before (the buffer's
+// previous batch) and after.
 template <int K>
 __device__ __forceinline__ void load_replay_steps(const float* head, std::int64_t step_stride,
                                                   int t0, int steps, int row0, int rows, int V,
                                                   ReplaySteps<K>& rs) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int step = warp; step < steps; step += blockDim.x / 32) {
-    const float* record = head + (t0 + step) * step_stride;
-#pragma unroll
-    for (int i = 0; i < K / 32; ++i) {
-      const int c = lane + 32 * i;
-      rs.decay[step][c] = expf(record[c]);
-      rs.k[step][c] = record[K + c];
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxRowsPerBlock / 32; ++i) {
-      const int r = lane + 32 * i;
-      rs.u[step][r] = r < rows && row0 + r < V ? record[2 * K + row0 + r] : 0.f;
-    }
-  }
+  for (int step = warp; step < steps; step += blockDim.x / 32)
+    store_replay_step<K>(load_replay_step<K>(head, step_stride, t0 + step, row0, rows, V, lane),
+                         step, lane, rs);
 }
 
 // One recorded step on one state element: s <- s exp(g) + u k, rounded as step_row's decay and

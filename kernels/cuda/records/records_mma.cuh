@@ -35,6 +35,8 @@ namespace kdaguard::gpu::detail {
 
 inline constexpr int kMmaWarps = kMaxRowsPerBlock / 16;  // a 16-row tile per warp
 inline constexpr int kMmaThreads = 32 * kMmaWarps;
+// A warp per draft token and per replayed step of a batch.
+static_assert(kMmaWarps >= kRecordStepBatch);
 
 __device__ __forceinline__ std::uint32_t tf32_round(float x) {
   std::uint32_t r;
@@ -160,6 +162,34 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     return head + static_cast<std::int64_t>(tile_row0 + g + 8 * r) * K + 16 * i + 4 * quad_lane;
   };
   const bool row_in[2] = {tile_row0 + g < V, tile_row0 + g + 8 < V};
+
+  // The small loads first, a warp per draft token and per replayed step of the first batch: issued
+  // after the state's 64 KB they waited behind it, and the whole block with them.
+  float* draft_records = nullptr;
+  [[maybe_unused]] LoadedToken<K> token;
+  if constexpr (kDraft) {
+    if (row.length > 0) {
+      const RecordVerifyParams& d = draft_of(p);
+      draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
+      if (warp < row.length)
+        token = load_token<IO, K>(d.in, bc.hv, row.first_token + warp, 0, kMaxRowsPerBlock, lane);
+    }
+  }
+  const float* replay_records = nullptr;
+  std::int64_t replay_step_stride = 0;
+  [[maybe_unused]] LoadedReplayStep<K> first_step;
+  if constexpr (kReplay) {
+    if (row.replay_steps > 0) {
+      const ReplaySource source = replay_of(p);
+      replay_records = source.records.data + bc.n * source.records.row_stride +
+                       bc.hv * source.records.head_stride;
+      replay_step_stride = source.records.step_stride;
+      if (warp < min(kRecordStepBatch, row.replay_steps))
+        first_step = load_replay_step<K>(replay_records, replay_step_stride, warp, 0,
+                                         kMaxRowsPerBlock, V, lane);
+    }
+  }
+
   float s[2][4 * kVecs];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
@@ -169,16 +199,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                               &s[r][4 * i]);
     }
 
-  // The draft's tokens (a warp per token) and the head side, while the state loads are in flight.
-  float* draft_records = nullptr;
+  // The draft's tokens and the head side, while the state loads are in flight.
   if constexpr (kDraft) {
     if (row.length > 0) {
-      const RecordVerifyParams& d = draft_of(p);
-      draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
       if (warp < row.length)
-        prepare_token<IO, K, kRecordStepBatch>(d.in, bc.hv, row.first_token + warp, 0,
-                                               kMaxRowsPerBlock, lane, warp, tokens,
-                                               draft_records + warp * d.records.step_stride);
+        store_token<K, kRecordStepBatch>(draft_of(p).in, token, lane, warp, tokens,
+                                         draft_records + warp * draft_of(p).records.step_stride);
       __syncthreads();
       prepare_mma_draft<K, kN>(tokens, row.length, draft);
       __syncthreads();
@@ -187,14 +213,15 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
   if constexpr (kReplay) {
     if (row.replay_steps > 0) {
-      const ReplaySource source = replay_of(p);
-      const float* records = source.records.data + bc.n * source.records.row_stride +
-                             bc.hv * source.records.head_stride;
       for (int t0 = 0; t0 < row.replay_steps; t0 += kRecordStepBatch) {
-        if (t0 > 0) __syncthreads();
         const int steps = min(kRecordStepBatch, row.replay_steps - t0);
-        load_replay_steps<K>(records, source.records.step_stride, t0, steps, 0, kMaxRowsPerBlock,
-                             V, shared.replay);
+        if (t0 == 0) {
+          if (warp < steps) store_replay_step<K>(first_step, warp, lane, shared.replay);
+        } else {
+          __syncthreads();
+          load_replay_steps<K>(replay_records, replay_step_stride, t0, steps, 0, kMaxRowsPerBlock,
+                               V, shared.replay);
+        }
         __syncthreads();
         for (int step = 0; step < steps; ++step) {
           const float u[2] = {shared.replay.u[step][tile_row0 + g],
