@@ -55,24 +55,29 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   const std::int64_t head_offset = static_cast<std::int64_t>(bc.hv) * V * K;
   const ST* head = static_cast<const ST*>(p.state.data) + slot * p.state.slot_stride + head_offset;
 
+  // Token t's inputs, loaded (load_step), then prepared into entry `step` of the shared batch with
+  // the scratch slot its state goes to (store_step).
+  auto load_step = [&](int t) {
+    return load_token<IO, K>(p.in, bc.hv, first_token + t, rows.block_row0, block_rows, lane);
+  };
+  auto store_step = [&](int t, int step, const LoadedToken<K>& loaded) {
+    store_token<K, kVerifyStepBatch>(p.in, loaded, lane, step, sm);
+    if (lane == 0) {
+      std::int64_t dst = scratch_slot(p.target, bc.n, t);
+      if (!vc::slot_in_range(dst, p.target.scratch.num_slots, true)) {
+        if (first_block_of_row) raise(guard.error_word, bit(RuleId::index_range) & guard.enabled);
+        dst = -1;
+      }
+      sm.dst[step] = dst;
+    }
+  };
   int prepared = -1;  // first token of the batch in shared memory; uniform across the block
   auto prepare = [&](int t0) {
     if (prepared == t0) return;
     if (prepared >= 0) __syncthreads();  // the previous batch is consumed
     const int steps = min(kVerifyStepBatch, length - t0);
-    for (int step = warp; step < steps; step += kRowThreads / 32) {
-      const int t = t0 + step;
-      prepare_token<IO, K, kVerifyStepBatch>(p.in, bc.hv, first_token + t, rows.block_row0,
-                                             block_rows, lane, step, sm);
-      if (lane == 0) {
-        std::int64_t dst = scratch_slot(p.target, bc.n, t);
-        if (!vc::slot_in_range(dst, p.target.scratch.num_slots, true)) {
-          if (first_block_of_row) raise(guard.error_word, bit(RuleId::index_range) & guard.enabled);
-          dst = -1;
-        }
-        sm.dst[step] = dst;
-      }
-    }
+    for (int step = warp; step < steps; step += kRowThreads / 32)
+      store_step(t0 + step, step, load_step(t0 + step));
     __syncthreads();
     prepared = t0;
   };
@@ -108,10 +113,21 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     }
   };
   if (length <= kVerifyStepBatch) {
-    prepare(0);
-    pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
-      process.template operator()<true>(raw, chunk);
-    });
+    // Each warp's first token is loaded before the first chunk of state, whose bytes would
+    // otherwise be queued ahead of it: the token's round trip then overlaps the state's instead
+    // of preceding it.
+    [[maybe_unused]] LoadedToken<K> first_step;
+    if (warp < length) first_step = load_step(warp);
+    uint4 first[4];
+    rows.load(head, V, 0, first);
+    if (warp < length) store_step(warp, warp, first_step);
+    for (int step = warp + kRowThreads / 32; step < length; step += kRowThreads / 32)
+      store_step(step, step, load_step(step));
+    __syncthreads();
+    pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, first,
+                                     [&](const uint4 (&raw)[4], int chunk) {
+                                       process.template operator()<true>(raw, chunk);
+                                     });
   } else {
     pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
