@@ -42,6 +42,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kdaguard/contracts/call.h"
@@ -68,7 +71,17 @@ PyMODINIT_FUNC PyInit__C(void) {
 namespace kdaguard::torch_binding {
 namespace {
 
-using Tensor = torch::stable::Tensor;
+// A tensor argument as the entry points see it: the dispatcher's handle, which the boxed kernel
+// (KDAGUARD_BOX) owns and releases after the call. The entry points read metadata through the
+// shim and keep nothing, so a borrowed handle is all they need; torch::stable::Tensor would wrap
+// each handle in a shared pointer, an allocation and two atomic counts per tensor per call.
+struct Tensor {
+  AtenTensorHandle handle;
+  AtenTensorHandle get() const { return handle; }
+  bool is_cpu() const;
+  // An owning tensor for the reads that the decode path never makes (a second handle).
+  torch::stable::Tensor owned() const;
+};
 using OptTensor = std::optional<Tensor>;
 using torch::headeronly::ScalarType;
 
@@ -145,6 +158,18 @@ std::optional<DType> dtype_of_code(int32_t code) {
 void shim_check(AOTITorchError error, const char* what) {
   if (error != AOTI_TORCH_SUCCESS)
     throw std::runtime_error(fmt::format("kdaguard: the torch shim failed to {}", what));
+}
+
+bool Tensor::is_cpu() const {
+  int32_t device_type = 0;
+  shim_check(aoti_torch_get_device_type(handle, &device_type), "read a tensor's device");
+  return device_type == shim_codes().cpu;
+}
+
+torch::stable::Tensor Tensor::owned() const {
+  AtenTensorHandle copy = nullptr;
+  shim_check(aoti_torch_new_tensor_handle(handle, &copy), "copy a tensor handle");
+  return torch::stable::Tensor(copy);
 }
 
 // Sizes and strides of one argument as the call takes it: the tensor's own, or those of the view
@@ -342,19 +367,29 @@ class CallBuilder {
   // The host copy of an index tensor's values, from a CPU tensor the caller passes beside it.
   void host_values(OptionalView& slot, const OptTensor& copy, std::string_view name) {
     if (!copy || !slot) return;
-    const Tensor& c = *copy;
-    if (!c.is_cpu() || c.dim() != 1 || slot->rank != 1 || c.size(0) != slot->shape[0] ||
-        (c.scalar_type() != ScalarType::Int && c.scalar_type() != ScalarType::Long))
+    const AtenTensorHandle h = copy->get();
+    int64_t rank = 0;
+    int64_t *sizes = nullptr, *strides = nullptr;
+    int32_t dtype = 0, device_type = 0;
+    shim_check(aoti_torch_get_dim(h, &rank), "read a tensor's rank");
+    shim_check(aoti_torch_get_sizes(h, &sizes), "read a tensor's sizes");
+    shim_check(aoti_torch_get_strides(h, &strides), "read a tensor's strides");
+    shim_check(aoti_torch_get_dtype(h, &dtype), "read a tensor's dtype");
+    shim_check(aoti_torch_get_device_type(h, &device_type), "read a tensor's device");
+    if (device_type != shim_codes().cpu || rank != 1 || slot->rank != 1 ||
+        sizes[0] != slot->shape[0] || (dtype != shim_codes().i32 && dtype != shim_codes().i64))
       throw std::invalid_argument(fmt::format(
           "kdaguard: {}: {}_cpu must be a 1-D int32 or int64 CPU tensor of {}'s length",
           entry_name(entry_), name, name));
-    std::vector<std::int64_t> values(static_cast<std::size_t>(c.size(0)));
-    const int64_t stride = c.stride(0);
-    if (c.scalar_type() == ScalarType::Int) {
-      const auto* p = static_cast<const std::int32_t*>(c.data_ptr());
+    void* data = nullptr;
+    shim_check(aoti_torch_get_data_ptr(h, &data), "read a tensor's data pointer");
+    std::vector<std::int64_t> values(static_cast<std::size_t>(sizes[0]));
+    const int64_t stride = strides[0];
+    if (dtype == shim_codes().i32) {
+      const auto* p = static_cast<const std::int32_t*>(data);
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = p[i * stride];
     } else {
-      const auto* p = static_cast<const std::int64_t*>(c.data_ptr());
+      const auto* p = static_cast<const std::int64_t*>(data);
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = p[i * stride];
     }
     slot->values = std::move(values);
@@ -534,9 +569,6 @@ DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const T
   return call;
 }
 
-// The decode entry points take their tensors by reference: TORCH_BOX unboxes every argument
-// into a tuple and calls with it, so a by-value parameter would copy (and release) one more
-// shared handle per tensor on every call.
 void decode_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& a,
                 const OptTensor& g, const OptTensor& A_log, const OptTensor& dt_bias,
                 const OptTensor& b, const OptTensor& beta, const Tensor& state,
@@ -662,12 +694,12 @@ void prefill_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTen
   GuardedLaunch launch(call, device, error_word, leading(call.cu_seqlens) - 1, 0, stream);
   gpu::LaunchOptions& options = launch.options;
   if (workspace) {
-    if (!workspace->is_cuda() || workspace->get_device_index() != device ||
-        !workspace->is_contiguous())
+    const torch::stable::Tensor w = workspace->owned();
+    if (!w.is_cuda() || w.get_device_index() != device || !w.is_contiguous())
       throw std::invalid_argument(fmt::format(
           "kdaguard: prefill: workspace must be a contiguous tensor on cuda:{}", device));
-    options.workspace.data = workspace->data_ptr();
-    options.workspace.bytes = workspace->numel() * static_cast<int64_t>(workspace->element_size());
+    options.workspace.data = w.data_ptr();
+    options.workspace.bytes = w.numel() * static_cast<int64_t>(w.element_size());
   }
   if (Status s = gpu::prefill(call, options); !s.ok()) raise(Entry::prefill, s);
 #else
@@ -947,6 +979,101 @@ std::string rule_table() {
 }  // namespace
 }  // namespace kdaguard::torch_binding
 
+namespace kdaguard::torch_binding {
+namespace {
+
+// Since torch 2.10 a tensor's C++ references keep its Python object alive: when the last of them
+// beside the object's own goes, torch drops the object's reference, taking the GIL to do so. The
+// dispatcher runs a kernel with the GIL released and hands it one reference per tensor argument,
+// so releasing them one by one takes the GIL once per tensor (nine times for an eager decode,
+// 0.5-1 us of host time on our GPU machine). The entry points' boxed kernels release their
+// arguments under one hold of the GIL instead; a thread that already holds it just counts one more.
+class GilHold {
+ public:
+  GilHold() : active_(Py_IsInitialized() != 0) {
+    if (active_) state_ = PyGILState_Ensure();
+  }
+  ~GilHold() {
+    if (active_) PyGILState_Release(state_);
+  }
+  GilHold(const GilHold&) = delete;
+  GilHold& operator=(const GilHold&) = delete;
+
+ private:
+  bool active_;
+  PyGILState_STATE state_{};
+};
+
+// How a boxed kernel takes one argument from the dispatcher's stack, and gives back what it owns
+// once the call is over: a tensor's handle; the rest own nothing.
+template <typename T>
+struct Unboxed {
+  static T take(StableIValue value) { return torch::stable::detail::to<T>(value); }
+  static void release(T& /*arg*/) {}
+};
+template <>
+struct Unboxed<Tensor> {
+  static Tensor take(StableIValue value) {
+    return Tensor{torch::stable::detail::to<AtenTensorHandle>(value)};
+  }
+  static void release(Tensor& t) { aoti_torch_delete_tensor_object(t.handle); }
+};
+template <>
+struct Unboxed<OptTensor> {
+  static OptTensor take(StableIValue value) {
+    const auto handle = torch::stable::detail::to<std::optional<AtenTensorHandle>>(value);
+    return handle ? OptTensor{Tensor{*handle}} : std::nullopt;
+  }
+  static void release(OptTensor& t) {
+    if (t) aoti_torch_delete_tensor_object(t->handle);
+  }
+};
+
+// TORCH_BOX's contract (unbox the arguments, call, box the result), with the tensors borrowed
+// and their handles released under one GilHold after the call, returned or thrown.
+template <typename Fn, Fn* fn>
+struct OneGilRelease;
+
+template <typename Result, typename... Params, Result (*fn)(Params...)>
+struct OneGilRelease<Result(Params...), fn> {
+  using Args = std::tuple<std::decay_t<Params>...>;
+
+  static void boxed(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+    constexpr uint64_t outputs = std::is_void_v<Result> ? 0 : 1;
+    STD_TORCH_CHECK(num_args == sizeof...(Params) && num_outputs == outputs,
+                    "kdaguard: the registered schema has ", num_args, " arguments and ",
+                    num_outputs, " outputs; its kernel takes ", sizeof...(Params), " and ",
+                    outputs);
+    Args args = take(stack, std::index_sequence_for<Params...>{});
+    const Release release{args};
+    if constexpr (std::is_void_v<Result>) {
+      std::apply(fn, args);
+    } else {
+      stack[0] = torch::stable::detail::from<Result>(std::apply(fn, args));
+    }
+  }
+
+ private:
+  template <std::size_t... I>
+  static Args take(StableIValue* stack, std::index_sequence<I...> /*unused*/) {
+    return Args{Unboxed<std::decay_t<Params>>::take(stack[I])...};
+  }
+  struct Release {
+    Args& args;
+    ~Release() {
+      const GilHold gil;
+      std::apply([](auto&... arg) { (Unboxed<std::decay_t<decltype(arg)>>::release(arg), ...); },
+                 args);
+    }
+  };
+};
+
+#define KDAGUARD_BOX(fn) \
+  (kdaguard::torch_binding::OneGilRelease<std::remove_pointer_t<decltype(fn)>, (fn)>::boxed)
+
+}  // namespace
+}  // namespace kdaguard::torch_binding
+
 namespace tb = kdaguard::torch_binding;
 
 #define KDAGUARD_TOKEN_ARGS                                                                  \
@@ -994,25 +1121,25 @@ STABLE_TORCH_LIBRARY(kdaguard, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CPU, m) {
-  m.impl("decode", TORCH_BOX(&tb::decode_cpu));
-  m.impl("prefill", TORCH_BOX(&tb::prefill_cpu));
-  m.impl("verify", TORCH_BOX(&tb::verify_cpu));
-  m.impl("commit", TORCH_BOX(&tb::commit_cpu));
-  m.impl("can_decode", TORCH_BOX(&tb::can_decode));
-  m.impl("can_prefill", TORCH_BOX(&tb::can_prefill));
-  m.impl("can_verify", TORCH_BOX(&tb::can_verify));
-  m.impl("can_commit", TORCH_BOX(&tb::can_commit));
+  m.impl("decode", KDAGUARD_BOX(&tb::decode_cpu));
+  m.impl("prefill", KDAGUARD_BOX(&tb::prefill_cpu));
+  m.impl("verify", KDAGUARD_BOX(&tb::verify_cpu));
+  m.impl("commit", KDAGUARD_BOX(&tb::commit_cpu));
+  m.impl("can_decode", KDAGUARD_BOX(&tb::can_decode));
+  m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
+  m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
+  m.impl("can_commit", KDAGUARD_BOX(&tb::can_commit));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CUDA, m) {
-  m.impl("decode", TORCH_BOX(&tb::decode_cuda));
-  m.impl("prefill", TORCH_BOX(&tb::prefill_cuda));
-  m.impl("verify", TORCH_BOX(&tb::verify_cuda));
-  m.impl("commit", TORCH_BOX(&tb::commit_cuda));
-  m.impl("can_decode", TORCH_BOX(&tb::can_decode));
-  m.impl("can_prefill", TORCH_BOX(&tb::can_prefill));
-  m.impl("can_verify", TORCH_BOX(&tb::can_verify));
-  m.impl("can_commit", TORCH_BOX(&tb::can_commit));
+  m.impl("decode", KDAGUARD_BOX(&tb::decode_cuda));
+  m.impl("prefill", KDAGUARD_BOX(&tb::prefill_cuda));
+  m.impl("verify", KDAGUARD_BOX(&tb::verify_cuda));
+  m.impl("commit", KDAGUARD_BOX(&tb::commit_cuda));
+  m.impl("can_decode", KDAGUARD_BOX(&tb::can_decode));
+  m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
+  m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
+  m.impl("can_commit", KDAGUARD_BOX(&tb::can_commit));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CompositeExplicitAutograd, m) {

@@ -102,25 +102,25 @@ def prefill_workspace(total_tokens: int, num_seqs: int, *, HV: int, K: int, V: i
 # decode. Where nothing can override the call (torch._C._has_torch_function, torch's own test in
 # C: no torch function mode is active and no argument is a tensor subclass with an override; a
 # Parameter's is disabled), the op is called through its dispatcher handle directly, with the
-# same boxing, dispatch keys and kernels. The handles are looked up once here: an OpOverload
-# hashes in Python.
-_call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
-_has_torch_function = getattr(torch._C, "_has_torch_function", None)
-_direct = _call_boxed is not None and _has_torch_function is not None
+# same boxing, dispatch keys and kernels, so torch dispatch modes (fake tensors, make_fx) still
+# see it. Only Dynamo, which cannot trace that call, gets the OpOverload. The handles are looked
+# up once here: an OpOverload hashes in Python.
+_call_boxed = torch._C._dispatch_call_boxed
+_has_torch_function = torch._C._has_torch_function
 _decode_handle, _prefill_handle, _verify_handle, _commit_handle = (
-    op._handle if _direct else None for op in (_decode, _prefill, _verify, _commit))
-_is_compiling = torch.compiler.is_compiling
+    op._handle for op in (_decode, _prefill, _verify, _commit))
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _is_grad_enabled = torch.is_grad_enabled
 
 
 def _run(op, handle, args):
     # `args` is one tuple, so the arguments are packed once between the entry point and the op
-    if _is_compiling():
+    if _is_dynamo_compiling():
         return op(*args)
     try:
-        if handle is not None and not _has_torch_function(args):
-            return _call_boxed(handle, *args)
-        return op(*args)
+        if handle is None or _has_torch_function(args):
+            return op(*args)
+        return _call_boxed(handle, *args)
     except (ValueError, RuntimeError) as e:
         err = error_from_text(str(e))
         if err is None:
@@ -186,7 +186,7 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
              (q, k, v, a, g, A_log, dt_bias, b, beta, state, cache_indices, cu_seqlens, out,
               error_word, scale, lower_bound, use_qk_l2norm, cache_indices_cpu,
               chunks_per_block))
-    return _rows(out)
+    return out if out.ndim == 3 else _rows(out)
 
 
 def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None, g=None,
