@@ -125,7 +125,13 @@ def _run(op, handle, args):
         err = error_from_text(str(e))
         if err is None:
             raise
+    # Raised outside the handler and the local dropped as it leaves: a traceback holds this frame,
+    # and a frame that still held the error would make a cycle that keeps the call's tensors
+    # (the whole state pool) alive until the garbage collector runs.
+    try:
         raise err from None
+    finally:
+        del err
 
 
 # The engine layouts (a leading batch dim of 1, a gate [T, HV*K], beta [T, HV, 1], A_log of HV

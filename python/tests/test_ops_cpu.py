@@ -221,6 +221,41 @@ def test_eager_calls_skip_the_python_scan_only_where_nothing_can_override(monkey
         ops.decode(**{**p, "state": p["state"].clone()})
     assert len(direct) == 2
 
+def test_calls_give_back_every_tensor_reference_they_take():
+    # The entry points' boxed kernels borrow each tensor's handle and release it after the call,
+    # under one hold of the GIL (python/csrc/ops.cpp, KDAGUARD_BOX): an accepted call, a refused
+    # one (released while its exception unwinds) and a query leave every reference count as it
+    # was, and a tensor dropped after a call is freed.
+    import sys
+    import weakref
+
+    p = decode_problem(B=2, padding=False)
+    p["state"] = p["state"].clone()
+    out = torch.empty(p["q"].shape[0], p["v"].shape[1], p["v"].shape[2], dtype=p["q"].dtype)
+    word = torch.zeros(1, dtype=torch.int64)
+    tensors = {n: t for n, t in {**p, "out": out, "error_word": word}.items()
+               if isinstance(t, torch.Tensor)}
+    bad = {**p, "cache_indices": p["cache_indices"].to(torch.float32)}
+    counts = {n: sys.getrefcount(t) for n, t in tensors.items()}
+    refused = 0
+    for _ in range(20):
+        ops.decode(**p, out=out, error_word=word)
+        try:
+            ops.decode(**bad, out=out, error_word=word)
+        except kdaguard.ContractViolation:
+            refused += 1
+        assert ops.can_implement("decode", **p, out=out).ok
+    assert refused == 20
+    # no collection first: a refusal must not leave its tensors in a reference cycle either
+    assert {n: sys.getrefcount(t) for n, t in tensors.items()} == counts
+
+    q = p["q"].clone()
+    alive = weakref.ref(q)
+    ops.decode(**{**p, "q": q}, out=out, error_word=word)
+    del q
+    assert alive() is None
+
+
 def prefill_problem(*, lens=(5, 0, 17), H=1, HV=2, K=64, V=128, io=torch.bfloat16,
                     state_dtype=torch.float32, S=6, seed=1):
     gen = torch.Generator().manual_seed(seed)
