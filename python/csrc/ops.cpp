@@ -988,9 +988,12 @@ namespace {
 // so releasing them one by one takes the GIL once per tensor (nine times for an eager decode,
 // 0.5-1 us of host time on our GPU machine). The entry points' boxed kernels release their
 // arguments under one hold of the GIL instead; a thread that already holds it just counts one more.
+// Only a thread that has run Python takes it here: elsewhere (a C++ caller's own threads) the
+// handles go one by one, as torch would release them, and a tensor without a Python object never
+// needs the GIL.
 class GilHold {
  public:
-  GilHold() : active_(Py_IsInitialized() != 0) {
+  GilHold() : active_(Py_IsInitialized() != 0 && PyGILState_GetThisThreadState() != nullptr) {
     if (active_) state_ = PyGILState_Ensure();
   }
   ~GilHold() {
