@@ -17,7 +17,11 @@ variant, so that a drift of the host's speed shifts all rows alike; a row's diff
 median over repetitions of its difference to the same repetition's C++ gpu::decode.
 
     PYTHONPATH=build-release/python python3 bench/torch_overhead.py \\
-        --cxx build-release/bench/bench_decode_host
+        --cxx build-release/bench/bench_decode_host --probe build-release/bench/torch_dispatch_floor.so
+
+--probe adds torch's own share of the call: ops whose kernels only take and release their
+arguments as kdaguard's do (bench/probes/torch_dispatch_floor.cpp), one with decode's schema and
+one without arguments.
 """
 
 from __future__ import annotations
@@ -68,6 +72,16 @@ def problem(device):
                 cache_indices=torch.tensor([5], dtype=torch.int32, device=device))
 
 
+def define_probe(path: str) -> torch.library.Library:
+    """The ops of bench/probes/torch_dispatch_floor.cpp: kdaguard_probe::decode with decode's
+    schema and kdaguard_probe::nothing. Keep the returned library alive while they are used."""
+    torch.ops.load_library(path)
+    lib = torch.library.Library("kdaguard_probe", "FRAGMENT")
+    lib.define(str(torch.ops.kdaguard.decode.default._schema).split("::", 1)[1])
+    lib.define("nothing() -> ()")
+    return lib
+
+
 def host_us(fn, *, burst: int, bursts: int) -> float:
     """Host time per call of `bursts` bursts of `burst` calls (the stream drained between
     bursts, outside the timed region)."""
@@ -84,6 +98,7 @@ def host_us(fn, *, burst: int, bursts: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cxx", required=True, help="the bench_decode_host binary")
+    parser.add_argument("--probe", help="bench/probes/torch_dispatch_floor.cpp's library")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--bursts", type=int, default=20)
     parser.add_argument("--burst", type=int, default=100)
@@ -132,6 +147,17 @@ def main() -> int:
          lambda: ops.decode(q, k, v, a=a, A_log=A_log, dt_bias=dt_bias, b=b, state=state,
                             cache_indices=idx, use_qk_l2norm=True)),
     ]
+    if args.probe:
+        probe_lib = define_probe(args.probe)  # noqa: F841 (the ops live as long as it does)
+        call_boxed = torch._C._dispatch_call_boxed
+        empty, nothing = (torch.ops.kdaguard_probe.decode.default._handle,
+                          torch.ops.kdaguard_probe.nothing.default._handle)
+        variants += [
+            ("probe: an op without arguments (boxed call)", lambda: call_boxed(nothing)),
+            ("probe: decode's schema, a kernel that only releases them (boxed call)",
+             lambda: call_boxed(empty, q, k, v, a3, None, A_log1, dt_bias, b, None, state, idx,
+                                None, out, word, None, None, True)),
+        ]
     variants.append(("kdaguard.ops.decode as above, under no_grad instead of inference_mode",
                      ops_decode))
     modes = [torch.inference_mode] * (len(variants) - 1) + [torch.no_grad]

@@ -42,11 +42,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "boxing.h"
 #include "kdaguard/contracts/call.h"
 #include "kdaguard/contracts/rules.h"
 #include "kdaguard/contracts/validate.h"
@@ -71,18 +70,6 @@ PyMODINIT_FUNC PyInit__C(void) {
 namespace kdaguard::torch_binding {
 namespace {
 
-// A tensor argument as the entry points see it: the dispatcher's handle, which the boxed kernel
-// (KDAGUARD_BOX) owns and releases after the call. The entry points read metadata through the
-// shim and keep nothing, so a borrowed handle is all they need; torch::stable::Tensor would wrap
-// each handle in a shared pointer, an allocation and two atomic counts per tensor per call.
-struct Tensor {
-  AtenTensorHandle handle;
-  AtenTensorHandle get() const { return handle; }
-  bool is_cpu() const;
-  // An owning tensor for the reads that the decode path never makes (a second handle).
-  torch::stable::Tensor owned() const;
-};
-using OptTensor = std::optional<Tensor>;
 using torch::headeronly::ScalarType;
 
 std::optional<DType> dtype_of(ScalarType t) {
@@ -160,15 +147,16 @@ void shim_check(AOTITorchError error, const char* what) {
     throw std::runtime_error(fmt::format("kdaguard: the torch shim failed to {}", what));
 }
 
-bool Tensor::is_cpu() const {
+bool is_cpu(const Tensor& t) {
   int32_t device_type = 0;
-  shim_check(aoti_torch_get_device_type(handle, &device_type), "read a tensor's device");
+  shim_check(aoti_torch_get_device_type(t.get(), &device_type), "read a tensor's device");
   return device_type == shim_codes().cpu;
 }
 
-torch::stable::Tensor Tensor::owned() const {
+// An owning tensor for the reads that the decode path never makes (a second handle).
+[[maybe_unused]] torch::stable::Tensor owned(const Tensor& t) {
   AtenTensorHandle copy = nullptr;
-  shim_check(aoti_torch_new_tensor_handle(handle, &copy), "copy a tensor handle");
+  shim_check(aoti_torch_new_tensor_handle(t.get(), &copy), "copy a tensor handle");
   return torch::stable::Tensor(copy);
 }
 
@@ -622,7 +610,7 @@ std::string can_decode(const Tensor& q, const Tensor& k, const Tensor& v, const 
     DecodeCall call = decode_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, state,
                                   cache_indices, cu_seqlens, out, scale, lower_bound,
                                   use_qk_l2norm);
-    if (q.is_cpu()) {
+    if (is_cpu(q)) {
       call.device = Device{Device::Kind::cpu, 0};
       return verdict_text(Entry::decode, reference::admit(call));
     }
@@ -694,7 +682,7 @@ void prefill_cuda(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTen
   GuardedLaunch launch(call, device, error_word, leading(call.cu_seqlens) - 1, 0, stream);
   gpu::LaunchOptions& options = launch.options;
   if (workspace) {
-    const torch::stable::Tensor w = workspace->owned();
+    const torch::stable::Tensor w = owned(*workspace);
     if (!w.is_cuda() || w.get_device_index() != device || !w.is_contiguous())
       throw std::invalid_argument(fmt::format(
           "kdaguard: prefill: workspace must be a contiguous tensor on cuda:{}", device));
@@ -721,7 +709,7 @@ std::string can_prefill(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g,
     PrefillCall call = prefill_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens,
                                     initial_state, initial_state_indices, out, scale,
                                     lower_bound, use_qk_l2norm);
-    if (q.is_cpu()) {
+    if (is_cpu(q)) {
       call.device = Device{Device::Kind::cpu, 0};
       return verdict_text(Entry::prefill, reference::admit(call));
     }
@@ -822,7 +810,7 @@ std::string can_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, O
     VerifyCall call = verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
                                   cache_indices, scratch, scratch_row_map, scratch_indices, out,
                                   draft_token_num, scale, lower_bound, use_qk_l2norm);
-    if (q.is_cpu()) {
+    if (is_cpu(q)) {
       call.device = Device{Device::Kind::cpu, 0};
       return verdict_text(Entry::verify, reference::admit(call));
     }
@@ -893,7 +881,7 @@ std::string can_commit(Tensor scratch, OptTensor scratch_row_map, OptTensor scra
     CallBuilder c(Entry::commit);
     CommitCall call = commit_call(c, scratch, scratch_row_map, scratch_indices, state,
                                   cache_indices, accepted, cu_seqlens, draft_token_num);
-    if (state.is_cpu()) {
+    if (is_cpu(state)) {
       call.device = Device{Device::Kind::cpu, 0};
       return verdict_text(Entry::commit, reference::admit(call));
     }
@@ -979,103 +967,6 @@ std::string rule_table() {
 }  // namespace
 }  // namespace kdaguard::torch_binding
 
-namespace kdaguard::torch_binding {
-namespace {
-
-// Since torch 2.10 a tensor's C++ references keep its Python object alive: when the last of them
-// beside the object's own goes, torch drops the object's reference, taking the GIL to do so. The
-// dispatcher runs a kernel with the GIL released and hands it one reference per tensor argument,
-// so releasing them one by one takes the GIL once per tensor (nine times for an eager decode,
-// 0.5-1 us of host time on our GPU machine). The entry points' boxed kernels release their
-// arguments under one hold of the GIL instead; a thread that already holds it just counts one more.
-// Only a thread that has run Python takes it here: elsewhere (a C++ caller's own threads) the
-// handles go one by one, as torch would release them, and a tensor without a Python object never
-// needs the GIL.
-class GilHold {
- public:
-  GilHold() : active_(Py_IsInitialized() != 0 && PyGILState_GetThisThreadState() != nullptr) {
-    if (active_) state_ = PyGILState_Ensure();
-  }
-  ~GilHold() {
-    if (active_) PyGILState_Release(state_);
-  }
-  GilHold(const GilHold&) = delete;
-  GilHold& operator=(const GilHold&) = delete;
-
- private:
-  bool active_;
-  PyGILState_STATE state_{};
-};
-
-// How a boxed kernel takes one argument from the dispatcher's stack, and gives back what it owns
-// once the call is over: a tensor's handle; the rest own nothing.
-template <typename T>
-struct Unboxed {
-  static T take(StableIValue value) { return torch::stable::detail::to<T>(value); }
-  static void release(T& /*arg*/) {}
-};
-template <>
-struct Unboxed<Tensor> {
-  static Tensor take(StableIValue value) {
-    return Tensor{torch::stable::detail::to<AtenTensorHandle>(value)};
-  }
-  static void release(Tensor& t) { aoti_torch_delete_tensor_object(t.handle); }
-};
-template <>
-struct Unboxed<OptTensor> {
-  static OptTensor take(StableIValue value) {
-    const auto handle = torch::stable::detail::to<std::optional<AtenTensorHandle>>(value);
-    return handle ? OptTensor{Tensor{*handle}} : std::nullopt;
-  }
-  static void release(OptTensor& t) {
-    if (t) aoti_torch_delete_tensor_object(t->handle);
-  }
-};
-
-// TORCH_BOX's contract (unbox the arguments, call, box the result), with the tensors borrowed
-// and their handles released under one GilHold after the call, returned or thrown.
-template <typename Fn, Fn* fn>
-struct OneGilRelease;
-
-template <typename Result, typename... Params, Result (*fn)(Params...)>
-struct OneGilRelease<Result(Params...), fn> {
-  using Args = std::tuple<std::decay_t<Params>...>;
-
-  static void boxed(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-    constexpr uint64_t outputs = std::is_void_v<Result> ? 0 : 1;
-    STD_TORCH_CHECK(num_args == sizeof...(Params) && num_outputs == outputs,
-                    "kdaguard: the registered schema has ", num_args, " arguments and ",
-                    num_outputs, " outputs; its kernel takes ", sizeof...(Params), " and ",
-                    outputs);
-    Args args = take(stack, std::index_sequence_for<Params...>{});
-    const Release release{args};
-    if constexpr (std::is_void_v<Result>) {
-      std::apply(fn, args);
-    } else {
-      stack[0] = torch::stable::detail::from<Result>(std::apply(fn, args));
-    }
-  }
-
- private:
-  template <std::size_t... I>
-  static Args take(StableIValue* stack, std::index_sequence<I...> /*unused*/) {
-    return Args{Unboxed<std::decay_t<Params>>::take(stack[I])...};
-  }
-  struct Release {
-    Args& args;
-    ~Release() {
-      const GilHold gil;
-      std::apply([](auto&... arg) { (Unboxed<std::decay_t<decltype(arg)>>::release(arg), ...); },
-                 args);
-    }
-  };
-};
-
-#define KDAGUARD_BOX(fn) \
-  (kdaguard::torch_binding::OneGilRelease<std::remove_pointer_t<decltype(fn)>, (fn)>::boxed)
-
-}  // namespace
-}  // namespace kdaguard::torch_binding
 
 namespace tb = kdaguard::torch_binding;
 
