@@ -153,8 +153,9 @@ bool is_cpu(const Tensor& t) {
   return device_type == shim_codes().cpu;
 }
 
-// An owning tensor for the reads that the decode path never makes (a second handle).
-[[maybe_unused]] torch::stable::Tensor owned(const Tensor& t) {
+// An owning tensor for the reads that no call makes unless asked to (host copies of index values,
+// a caller's workspace): a second handle, so the borrowed one stays the boxed kernel's.
+torch::stable::Tensor owned(const Tensor& t) {
   AtenTensorHandle copy = nullptr;
   shim_check(aoti_torch_new_tensor_handle(t.get(), &copy), "copy a tensor handle");
   return torch::stable::Tensor(copy);
@@ -355,29 +356,19 @@ class CallBuilder {
   // The host copy of an index tensor's values, from a CPU tensor the caller passes beside it.
   void host_values(OptionalView& slot, const OptTensor& copy, std::string_view name) {
     if (!copy || !slot) return;
-    const AtenTensorHandle h = copy->get();
-    int64_t rank = 0;
-    int64_t *sizes = nullptr, *strides = nullptr;
-    int32_t dtype = 0, device_type = 0;
-    shim_check(aoti_torch_get_dim(h, &rank), "read a tensor's rank");
-    shim_check(aoti_torch_get_sizes(h, &sizes), "read a tensor's sizes");
-    shim_check(aoti_torch_get_strides(h, &strides), "read a tensor's strides");
-    shim_check(aoti_torch_get_dtype(h, &dtype), "read a tensor's dtype");
-    shim_check(aoti_torch_get_device_type(h, &device_type), "read a tensor's device");
-    if (device_type != shim_codes().cpu || rank != 1 || slot->rank != 1 ||
-        sizes[0] != slot->shape[0] || (dtype != shim_codes().i32 && dtype != shim_codes().i64))
+    const torch::stable::Tensor c = owned(*copy);
+    if (!c.is_cpu() || c.dim() != 1 || slot->rank != 1 || c.size(0) != slot->shape[0] ||
+        (c.scalar_type() != ScalarType::Int && c.scalar_type() != ScalarType::Long))
       throw std::invalid_argument(fmt::format(
           "kdaguard: {}: {}_cpu must be a 1-D int32 or int64 CPU tensor of {}'s length",
           entry_name(entry_), name, name));
-    void* data = nullptr;
-    shim_check(aoti_torch_get_data_ptr(h, &data), "read a tensor's data pointer");
-    std::vector<std::int64_t> values(static_cast<std::size_t>(sizes[0]));
-    const int64_t stride = strides[0];
-    if (dtype == shim_codes().i32) {
-      const auto* p = static_cast<const std::int32_t*>(data);
+    std::vector<std::int64_t> values(static_cast<std::size_t>(c.size(0)));
+    const int64_t stride = c.stride(0);
+    if (c.scalar_type() == ScalarType::Int) {
+      const auto* p = static_cast<const std::int32_t*>(c.data_ptr());
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = p[i * stride];
     } else {
-      const auto* p = static_cast<const std::int64_t*>(data);
+      const auto* p = static_cast<const std::int64_t*>(c.data_ptr());
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = p[i * stride];
     }
     slot->values = std::move(values);
@@ -966,7 +957,6 @@ std::string rule_table() {
 
 }  // namespace
 }  // namespace kdaguard::torch_binding
-
 
 namespace tb = kdaguard::torch_binding;
 

@@ -221,9 +221,10 @@ def test_eager_calls_skip_the_python_scan_only_where_nothing_can_override(monkey
         ops.decode(**{**p, "state": p["state"].clone()})
     assert len(direct) == 2
 
+
 def test_calls_give_back_every_tensor_reference_they_take():
     # The entry points' boxed kernels borrow each tensor's handle and release it after the call,
-    # under one hold of the GIL (python/csrc/ops.cpp, KDAGUARD_BOX): an accepted call, a refused
+    # under one hold of the GIL (KDAGUARD_BOX, python/csrc/boxing.h): an accepted call, a refused
     # one (released while its exception unwinds) and a query leave every reference count as it
     # was, and a tensor dropped after a call is freed.
     import sys
