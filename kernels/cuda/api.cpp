@@ -230,6 +230,7 @@ Status prefill(const PrefillCall& call, const LaunchOptions& options) {
       return Status::unsupported_because(fmt::format(
           "the workspace address {} is not 16-byte aligned", options.workspace.data));
     params.workspace = options.workspace.data;
+    params.workspace_bytes = options.workspace.bytes;
   }
   const PreparedKey key{prepared_key(Entry::prefill, params.in.K, params.in.V, params.in.io_dtype,
                                      params.state.dtype),

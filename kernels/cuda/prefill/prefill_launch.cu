@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "kdaguard/contracts/supported.h"
 #include "prefill_workspace.cuh"
@@ -27,20 +28,21 @@ std::string prefill_unsupported_reason(const PrefillParams& p) {
   return {};
 }
 
+// The layout of the shortest span the split may choose: every choice's layout fits in it.
+template <int K, int V> std::int64_t workspace_bytes_with_split_room(const PrefillParams& p) {
+  const prefill::WorkspaceLayout w =
+      prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, prefill::kMinChunksPerSpan);
+  return w.overflows ? -1 : static_cast<std::int64_t>(w.bytes);
+}
+
 std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
   if (p.in.io_dtype == DType::f32 || p.total_tokens <= 0 || p.num_seqs <= 0 || p.in.HV <= 0)
     return 0;  // the f32 kernel keeps everything in registers; an empty call launches nothing
-  std::int64_t chunk_bytes = 0;
-  if (p.in.K == 64 && p.in.V == 64) chunk_bytes = prefill::ChunkOperands<64, 64>::kBytes;
-  else if (p.in.K == 64 && p.in.V == 128) chunk_bytes = prefill::ChunkOperands<64, 128>::kBytes;
-  else if (p.in.K == 128 && p.in.V == 64) chunk_bytes = prefill::ChunkOperands<128, 64>::kBytes;
-  else if (p.in.K == 128 && p.in.V == 128) chunk_bytes = prefill::ChunkOperands<128, 128>::kBytes;
-  else return -1;
-  std::int64_t bytes = 0;
-  if (__builtin_mul_overflow(prefill::workspace_slots(p.total_tokens, p.num_seqs),
-                             static_cast<std::int64_t>(p.in.HV) * chunk_bytes, &bytes))
-    return -1;
-  return bytes;
+  if (p.in.K == 64 && p.in.V == 64) return workspace_bytes_with_split_room<64, 64>(p);
+  if (p.in.K == 64 && p.in.V == 128) return workspace_bytes_with_split_room<64, 128>(p);
+  if (p.in.K == 128 && p.in.V == 64) return workspace_bytes_with_split_room<128, 64>(p);
+  if (p.in.K == 128 && p.in.V == 128) return workspace_bytes_with_split_room<128, 128>(p);
+  return -1;
 }
 
 cudaError_t prefill_workspace_take(const PrefillParams& p, std::size_t bytes, cudaStream_t stream,
@@ -107,7 +109,6 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
   constexpr std::int64_t kMaxSpans = 1024;
   if (c.num_seqs <= 0 || c.HV <= 0 || c.resident_blocks <= 0) return 0;
   const std::int64_t chunks = (c.total_tokens / 16 + c.num_seqs - 1) / c.num_seqs;  // mean, rounded up
-  if (chunks < 4) return 0;
   const std::int64_t heads = static_cast<std::int64_t>(c.num_seqs) * c.HV;
   const auto phase = [&](double steps, std::int64_t blocks) {
     const std::int64_t waves = (blocks + c.resident_blocks - 1) / c.resident_blocks;
@@ -117,6 +118,7 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
   std::int32_t best_span = 0;
   for (std::int64_t spans = 2; spans <= std::min(chunks, kMaxSpans); ++spans) {
     const std::int64_t span = (chunks + spans - 1) / spans;
+    if (span < prefill::kMinChunksPerSpan) break;  // more spans only shorten it
     const double cost = phase(static_cast<double>(span), heads * c.transition_slices * (spans - 1)) +
                         phase(kCombineSteps * static_cast<double>(spans), heads * c.value_slices) +
                         phase(static_cast<double>(span), heads * c.value_slices * spans);
@@ -141,6 +143,39 @@ cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std
     return e;
   // One block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
   *blocks = per_sm > 0 ? sms : 0;
+  return cudaSuccess;
+}
+
+cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const void* chain,
+                                int chain_threads, int chain_smem, std::int64_t* blocks) {
+  int device = 0, sms = 0, smem_per_sm = 0, reserved_smem = 0, regs_per_sm = 0, threads_per_sm = 0,
+      blocks_per_sm = 0, alone = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  for (auto [attribute, value] : {std::pair{cudaDevAttrMultiProcessorCount, &sms},
+                                  std::pair{cudaDevAttrMaxSharedMemoryPerMultiprocessor, &smem_per_sm},
+                                  std::pair{cudaDevAttrReservedSharedMemoryPerBlock, &reserved_smem},
+                                  std::pair{cudaDevAttrMaxRegistersPerMultiprocessor, &regs_per_sm},
+                                  std::pair{cudaDevAttrMaxThreadsPerMultiProcessor, &threads_per_sm},
+                                  std::pair{cudaDevAttrMaxBlocksPerMultiprocessor, &blocks_per_sm}})
+    if (cudaError_t e = cudaDeviceGetAttribute(value, attribute, device); e != cudaSuccess) return e;
+  cudaFuncAttributes p{}, c{};
+  if (cudaError_t e = cudaFuncGetAttributes(&p, prepare); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaFuncGetAttributes(&c, chain); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&alone, prepare, prepare_threads, 0);
+      e != cudaSuccess)
+    return e;
+  // Registers are granted per warp in units of 256; shared memory per block plus the system's
+  // reserve.
+  const auto regs = [](const cudaFuncAttributes& a, int threads) {
+    return (threads + 31) / 32 * ((a.numRegs * 32 + 255) / 256 * 256);
+  };
+  const auto smem = [&](const cudaFuncAttributes& a, int dynamic) {
+    return static_cast<int>(a.sharedSizeBytes) + dynamic + reserved_smem;
+  };
+  const int beside = std::min({(smem_per_sm - smem(c, chain_smem)) / std::max(smem(p, 0), 1),
+                               (regs_per_sm - regs(c, chain_threads)) / std::max(regs(p, prepare_threads), 1),
+                               (threads_per_sm - chain_threads) / prepare_threads, blocks_per_sm - 1, alone});
+  *blocks = static_cast<std::int64_t>(sms) * std::max(beside, 1);
   return cudaSuccess;
 }
 

@@ -4,7 +4,8 @@
 // bf16 and f16 inputs run the chunked prefill on the tensor cores in two kernels: the
 // chunk-parallel prepare kernel (prefill_prepare.cuh) writes every chunk's state-independent
 // operands to a workspace, the chain kernel (prefill_chain.cuh) walks each sequence's chunks with
-// the state in registers. f32 inputs run the per-token f32 kernel (prefill_recurrent.cuh). All
+// the state in registers. The chain kernel starts while the prepare kernel runs and reads each
+// chunk once its ready flag is set (prefill_shape.cuh). f32 inputs run the per-token f32 kernel (prefill_recurrent.cuh). All
 // read the initial state from slot state_indices[n], write the final state back in place, never
 // write q, k, v, gates or beta, and skip (and report through guard.error_word) any sequence whose
 // offsets or slot break a value rule, or that guard.row_flags marks.
@@ -14,7 +15,8 @@
 // shape and the device (choose_chunks_per_span), never from an earlier call.
 //
 // The workspace (about 21 KB per chunk of 16 tokens and value head at K = V = 128, i.e. about
-// 1.3 KB per token-head, the size of q, k, v, g and out together) is the caller's when
+// 1.3 KB per token-head, the size of q, k, v, g and out together, plus the split's span operands)
+// is the caller's when
 // PrefillParams::workspace is set (the engine's allocator then owns and accounts for it, and a
 // captured graph keeps it in the graph's pool). Otherwise it is taken per call, stream ordered,
 // from a memory pool of the library's own per device, and given back on the same stream after
@@ -66,6 +68,11 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 // cannot be resident at all).
 cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
+// The persistent prepare kernel's grid on the current device: as many blocks of `prepare` as fit
+// on each SM beside one block of `chain` (threads, dynamic shared memory), at least one per SM.
+cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const void* chain,
+                                int chain_threads, int chain_smem, std::int64_t* blocks);
+
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
 // per sequence on the device, the rules in `enabled` only; row_flags[n] != 0 makes the kernels
 // skip sequence n.
@@ -73,10 +80,10 @@ cudaError_t launch_prefill_guard(const PrefillParams& p, std::uint64_t enabled,
                                  unsigned long long* error_word, std::int32_t* row_flags,
                                  cudaStream_t stream);
 
-// Bytes of workspace the tensor-core kernels need for p with the chain unsplit (0 for f32 inputs
-// or an empty call; -1 when the size overflows int64): what the size query of kda.h reports. A
-// call given a caller's workspace runs its chain unsplit; the library's pool serves the split
-// chain's larger layout (prefill::workspace_layout).
+// Bytes of workspace the tensor-core kernels need for p (0 for f32 inputs or an empty call; -1
+// when the size overflows int64): the layout of the shortest span the split may choose
+// (prefill::kMinChunksPerSpan), which holds the layout of every choice, unsplit included. What
+// the size query of kda.h reports.
 std::int64_t prefill_workspace_bytes(const PrefillParams& p);
 
 // The workspace of one call: p.workspace when the caller gave one, else a stream-ordered

@@ -8,10 +8,14 @@
 // sequences or the chunk counts on the host. Slot s of value head hv starts at byte
 // (s * HV + hv) * ChunkOperands<K, V>::kBytes of the workspace.
 //
+// Each (slot, value head) also has a 32-bit ready flag, after the chunk operands: the prepare
+// kernel sets it once the chunk's operands are written, and the chain kernels, which start while
+// the prepare kernel still runs, wait for it before they read them (prefill_shape.cuh).
+//
 // A split chain (prefill_chain.cuh, prefill_combine.cuh) cuts each sequence into spans of L
 // chunks; span j of sequence n takes span slot floor(cu_seqlens[n] / (16 L)) + n + j by the same
 // argument (unique, below floor(T_tot / (16 L)) + N), each (span slot, value head) holding one
-// SpanOperands after the chunk operands.
+// SpanOperands after the flags.
 #pragma once
 
 #include <cstddef>
@@ -97,13 +101,21 @@ __device__ __forceinline__ std::int32_t sequence_of_slot(const PrefillParams& p,
   return lo;
 }
 
-// A call's workspace: the chunk operands, then (split chains only) the span operands. Computed
-// here and nowhere else, from the call's shape and the chosen span length.
+// The shortest span the split chain takes (chunks; prefill_launch.cu): a workspace sized for it
+// holds the layout of every span the call may choose, about 14% more than the unsplit chain's at
+// K = V = 128. No span below 32 chunks was the fastest of any shape in the span sweep
+// (bench/NOTES_prefill.md).
+inline constexpr std::int32_t kMinChunksPerSpan = 32;
+
+// A call's workspace: the chunk operands, their ready flags, then (split chains only) the span
+// operands. Computed here and nowhere else, from the call's shape and the chosen span length.
 struct WorkspaceLayout {
   std::int32_t chunks_per_span = 0;  // 0: every sequence's chain runs whole
   std::int64_t chunk_slots = 0, span_slots = 0;
-  std::size_t span_offset = 0;  // bytes from the start to the span operands
-  std::size_t bytes = 0;
+  std::uint64_t ready_offset = 0;  // bytes from the start to the ready flags (u32 per chunk slot and value head)
+  std::uint64_t span_offset = 0;   // bytes from the start to the span operands
+  std::uint64_t bytes = 0;
+  bool overflows = false;  // a size past 2^63 bytes: no such workspace
 };
 
 template <int K, int V>
@@ -112,12 +124,25 @@ WorkspaceLayout workspace_layout(std::int64_t total_tokens, std::int32_t num_seq
   WorkspaceLayout w;
   w.chunks_per_span = chunks_per_span;
   w.chunk_slots = workspace_slots(total_tokens, num_seqs);
-  const std::size_t chunk_bytes =
-      static_cast<std::size_t>(w.chunk_slots) * HV * ChunkOperands<K, V>::kBytes;
-  w.span_offset = (chunk_bytes + 255) / 256 * 256;
   if (chunks_per_span > 0)
     w.span_slots = unit_slots(total_tokens, num_seqs, static_cast<std::int64_t>(kChunk) * chunks_per_span);
-  w.bytes = w.span_offset + static_cast<std::size_t>(w.span_slots) * HV * SpanOperands<K, V>::kBytes;
+  const auto times = [&](std::uint64_t a, std::uint64_t b) {
+    std::uint64_t r = 0;
+    w.overflows |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  const auto plus = [&](std::uint64_t a, std::uint64_t b) {
+    std::uint64_t r = 0;
+    w.overflows |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const auto aligned = [&](std::uint64_t bytes) { return plus(bytes, 255) / 256 * 256; };
+  const std::uint64_t chunk_units = times(static_cast<std::uint64_t>(w.chunk_slots), static_cast<std::uint64_t>(HV));
+  w.ready_offset = aligned(times(chunk_units, ChunkOperands<K, V>::kBytes));
+  w.span_offset = aligned(plus(w.ready_offset, times(chunk_units, sizeof(std::uint32_t))));
+  w.bytes = plus(w.span_offset, times(times(static_cast<std::uint64_t>(w.span_slots), static_cast<std::uint64_t>(HV)),
+                                      SpanOperands<K, V>::kBytes));
+  w.overflows |= w.bytes > static_cast<std::uint64_t>(INT64_MAX);
   return w;
 }
 

@@ -75,9 +75,11 @@ struct PrefillParams {
   StatePool state;                   // initial_state, final state written back in place
   const std::int32_t* state_indices = nullptr;  // [N]
   OutputRows out;                    // [T_tot, HV, V]
-  // Device memory of the CUDA kernels' chunk operands, from the caller (gpu::LaunchOptions); null:
-  // the kernels take it from the library's own pool. Never set by lower(); unused on the CPU.
+  // Device memory of the CUDA kernels' chunk operands, from the caller (gpu::LaunchOptions), and
+  // its size; null: the kernels take it from the library's own pool. Never set by lower(); unused
+  // on the CPU.
   void* workspace = nullptr;
+  std::int64_t workspace_bytes = 0;
 };
 
 // Where verify writes step t of row n: scratch_indices[n * indices_row_stride + t] when

@@ -80,8 +80,10 @@ Status can_implement(const AcceptVerifyCall& call);
 
 // Bytes of workspace a prefill of total_tokens tokens in num_seqs sequences needs at these dims
 // and input dtype: 0 for f32 inputs (their kernel needs none) and for an empty call, -1 for dims
-// or a dtype the kernels do not run, or a size past int64. Non-decreasing in total_tokens and
-// num_seqs, so a workspace sized for the largest call an engine makes serves every smaller one.
+// or a dtype the kernels do not run, or a size past int64. It includes room for the split chain
+// the call may choose (about 14% over the chunk operands at K = V = 128), so a caller's workspace
+// runs the same kernels as the library's pool. Non-decreasing in total_tokens and num_seqs, so a
+// workspace sized for the largest call an engine makes serves every smaller one.
 std::int64_t prefill_workspace_bytes(std::int64_t total_tokens, std::int64_t num_seqs,
                                      std::int32_t HV, std::int32_t K, std::int32_t V,
                                      DType io_dtype);

@@ -165,8 +165,44 @@ void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
 // graph on a stream of its own and replayed once (serving engines capture their decode and
 // prefill steps; the workspace then becomes the graph's own allocation).
 // split: validate, lower and the launcher with a forced span length (no guard kernel; the
-// kernels' own checks still run).
-enum class Launch { direct, graph, split };
+// kernels' own checks still run). caller_workspace: gpu::prefill with a workspace of the caller's
+// (CallerWorkspace).
+enum class Launch { direct, graph, split, caller_workspace };
+
+// A caller's workspace of exactly prefill_workspace_bytes() for the call, every byte 0xff (ready
+// flags that read as set, operands that read as NaN: a chain that read either before the prepare
+// kernel wrote them would fail the comparison), followed by a canary region the call must leave
+// as it was.
+class CallerWorkspace {
+ public:
+  static constexpr std::int64_t kCanaryBytes = 4096;
+  explicit CallerWorkspace(const CallPlan& spec) {
+    std::int64_t tokens = 0;
+    for (std::int64_t n : spec.row_lengths) tokens += n;
+    bytes_ = gpu::prefill_workspace_bytes(tokens, static_cast<std::int64_t>(spec.row_lengths.size()), spec.HV,
+                                          spec.K, spec.V, spec.io_dtype);
+    KDAGUARD_CUDA_OK(cudaMalloc(&data_, static_cast<std::size_t>(bytes_ + kCanaryBytes)));
+    KDAGUARD_CUDA_OK(cudaMemset(data_, 0xff, static_cast<std::size_t>(bytes_ + kCanaryBytes)));
+  }
+  ~CallerWorkspace() { cudaFree(data_); }
+  CallerWorkspace(const CallerWorkspace&) = delete;
+  CallerWorkspace& operator=(const CallerWorkspace&) = delete;
+  gpu::Workspace workspace() const { return {data_, bytes_}; }
+  // Empty when the canary is intact, else where it was written.
+  std::string canary_damage() const {
+    std::vector<unsigned char> tail(kCanaryBytes);
+    KDAGUARD_CUDA_OK(cudaMemcpy(tail.data(), static_cast<unsigned char*>(data_) + bytes_, tail.size(),
+                                cudaMemcpyDeviceToHost));
+    const auto it = std::find_if(tail.begin(), tail.end(), [](unsigned char b) { return b != 0xff; });
+    return it == tail.end() ? std::string{}
+                            : fmt::format("wrote {} bytes past the end of its {}-byte workspace", it - tail.begin() + 1,
+                                          bytes_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::int64_t bytes_ = 0;
+};
 
 // Runs the spec's prefill on the GPU and judges it against the f64 reference.
 // state_scale multiplies the initial pool's values (f32 pools; the generator draws them in
@@ -199,9 +235,15 @@ Judgement run_and_judge(const CallPlan& spec, std::uint64_t seed, Launch launch 
     return gpu::prefill(call, options);
   };
   Status status;
+  std::optional<CallerWorkspace> caller_workspace;
   if (launch == Launch::split) {
     KDAGUARD_CUDA_OK(gpu::detail::launch_prefill_with_span(lower(call), {guard.error_word.get(), nullptr},
                                                            nullptr, chunks_per_span));
+  } else if (launch == Launch::caller_workspace) {
+    caller_workspace.emplace(spec);
+    gpu::LaunchOptions options = guard.options();
+    options.workspace = caller_workspace->workspace();
+    status = gpu::prefill(call, options);
   } else {
     status = launch == Launch::graph ? gputest::run_captured(prefill_on) : prefill_on(nullptr);
   }
@@ -215,6 +257,12 @@ Judgement run_and_judge(const CallPlan& spec, std::uint64_t seed, Launch launch 
     return j;
   }
   device.download(hp);
+  if (caller_workspace) {
+    if (std::string damage = caller_workspace->canary_damage(); !damage.empty()) {
+      j.failure = damage;
+      return j;
+    }
+  }
 
   if (auto w = hp.unexpected_writes(before)) {
     j.failure = "wrote outside its outputs: " + *w;
@@ -412,6 +460,35 @@ TEST(PrefillGpu, SplitChainMatchesReference) {
   ++seed;
   const CallPlan long_one = prefill_spec({16387}, 1, 1, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
   for (std::int32_t span : {0, 5, 32, 200}) expect_conforms(long_one, seed, Launch::split, span);
+}
+
+// A workspace of the caller's (an engine's allocator) holds the split chain too: calls the span
+// model splits and calls it runs whole, through gpu::prefill with a workspace of exactly the size
+// the query reports, poisoned (CallerWorkspace), with nothing written past its end. One byte less
+// is refused before anything runs.
+TEST(PrefillGpu, CallerWorkspace) {
+  KDAGUARD_SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 900;
+  const std::vector<std::vector<std::int64_t>> lengths{{8197}, {3000, 9000}, {1, 2100, 0, 65}, {40, 17}};
+  for (const std::vector<std::int64_t>& lens : lengths)
+    for (DType io : {DType::bf16, DType::f16})
+      expect_conforms(prefill_spec(lens, 1, 2, 128, 128, io, DType::f32, GateKind::bounded), seed++,
+                      Launch::caller_workspace);
+  expect_conforms(prefill_spec({5000}, 2, 4, 64, 128, DType::bf16, DType::bf16, GateKind::softplus), seed++,
+                  Launch::caller_workspace);
+
+  const CallPlan s = prefill_spec({8197}, 1, 2, 128, 128, DType::bf16, DType::f32, GateKind::bounded);
+  HostProblem hp = support::materialize(s, seed);
+  DeviceCopy device(hp);
+  const AnyCall on_device = hp.relocated(hp.call, Device{Device::Kind::cuda, 0}, device.bases());
+  DeviceGuardBuffers guard(1);
+  CallerWorkspace workspace(s);
+  gpu::LaunchOptions options = guard.options();
+  options.workspace = workspace.workspace();
+  --options.workspace.bytes;
+  const Status refused = gpu::prefill(std::get<PrefillCall>(on_device), options);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(to_string(refused).find("prefill_workspace_bytes"), std::string::npos) << to_string(refused);
 }
 
 // f16 inputs are nearly as accurate as f16 itself: out and the final f32 state within
