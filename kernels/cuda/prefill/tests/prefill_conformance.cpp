@@ -288,27 +288,36 @@ Judgement run_and_judge(const CallPlan& spec, std::uint64_t seed, Launch launch 
 // The worst errors seen per input class, and per state dtype, printed when the process ends:
 // the error and its ratio to the call's rounding floor (the worst of each over the calls, taken
 // apart), so a class's error can be read against what merely storing the result costs.
+// The calls with the worst ratios are named (plan and seed), so a class's worst call can be rerun.
 struct Worst {
   double out = 0, state = 0, out_floor = 0, state_floor = 0, out_over_floor = 0, state_over_floor = 0;
+  std::string out_over_floor_call, state_over_floor_call;
   std::int64_t cases = 0;
-  void add(const Judgement& j) {
+  void add(const Judgement& j, const CallPlan& s, std::uint64_t seed) {
     ++cases;
+    const auto name = [&] { return support::describe(s) + " seed=" + std::to_string(seed); };
     if (j.out.comparable) {
       out = std::max(out, j.out.rms_ratio);
       out_floor = std::max(out_floor, j.out_floor);
-      if (j.out_floor > 0) out_over_floor = std::max(out_over_floor, j.out.rms_ratio / j.out_floor);
+      if (j.out_floor > 0 && j.out.rms_ratio / j.out_floor > out_over_floor) {
+        out_over_floor = j.out.rms_ratio / j.out_floor;
+        out_over_floor_call = name();
+      }
     }
     if (j.state.comparable) {
       state = std::max(state, j.state.rms_ratio);
       state_floor = std::max(state_floor, j.state_floor);
-      if (j.state_floor > 0) state_over_floor = std::max(state_over_floor, j.state.rms_ratio / j.state_floor);
+      if (j.state_floor > 0 && j.state.rms_ratio / j.state_floor > state_over_floor) {
+        state_over_floor = j.state.rms_ratio / j.state_floor;
+        state_over_floor_call = name();
+      }
     }
   }
 };
 struct WorstTable {
   Worst by_io[3][3];  // [io][state]: f32, f16, bf16 (DType order)
-  void add(const CallPlan& s, const Judgement& j) {
-    by_io[static_cast<int>(s.io_dtype)][static_cast<int>(s.state_dtype)].add(j);
+  void add(const CallPlan& s, const Judgement& j, std::uint64_t seed) {
+    by_io[static_cast<int>(s.io_dtype)][static_cast<int>(s.state_dtype)].add(j, s, seed);
   }
   ~WorstTable() {
     static constexpr const char* kName[] = {"f32", "f16", "bf16"};
@@ -320,6 +329,13 @@ struct WorstTable {
                       "state %.3e | over floor out %.2f state %.2f\n",
                       kName[io], kName[st], static_cast<long long>(w.cases), w.out, w.state, w.out_floor,
                       w.state_floor, w.out_over_floor, w.state_over_floor);
+    for (int io = 0; io < 3; ++io)
+      for (int st = 0; st < 3; ++st)
+        if (const Worst& w = by_io[io][st]; w.cases > 0)
+          std::printf("[prefill conformance] io=%s state=%s worst out over floor: %s\n"
+                      "[prefill conformance] io=%s state=%s worst state over floor: %s\n",
+                      kName[io], kName[st], w.out_over_floor_call.c_str(), kName[io], kName[st],
+                      w.state_over_floor_call.c_str());
   }
 };
 WorstTable worst;
@@ -327,7 +343,7 @@ WorstTable worst;
 void expect_conforms(const CallPlan& spec, std::uint64_t seed, Launch launch = Launch::direct,
                      std::int32_t chunks_per_span = 0) {
   const Judgement j = run_and_judge(spec, seed, launch, chunks_per_span);
-  worst.add(spec, j);
+  worst.add(spec, j, seed);
   EXPECT_TRUE(j.failure.empty()) << j.failure << "\n  plan: " << support::describe(spec)
                                  << " seed=" << seed;
 }
@@ -509,7 +525,7 @@ TEST(PrefillGpu, F16NearItsRoundingFloor) {
       s.strong_decay_fraction = gate == GateKind::softplus ? 0.02 : 0.0;
       for (std::int32_t span : {0, 3, 16}) {
         const Judgement j = run_and_judge(s, seed, Launch::split, span);
-        worst.add(s, j);
+        worst.add(s, j, seed);
         EXPECT_TRUE(j.failure.empty()) << j.failure;
         EXPECT_LE(j.out.rms_ratio, kF16FloorFactor * j.out_floor)
             << "out " << j.out.rms_ratio << " floor " << j.out_floor << " span " << span << " seed " << seed;
@@ -548,7 +564,7 @@ TEST(PrefillGpu, RandomCallsSplitMatchReference) {
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const auto span = *rc::gen::inRange<std::int32_t>(1, 9);
     const Judgement j = run_and_judge(spec, seed, Launch::split, span);
-    worst.add(spec, j);
+    worst.add(spec, j, seed);
     RC_ASSERT(j.failure.empty());
   });
   EXPECT_TRUE(ok);
@@ -564,7 +580,7 @@ TEST(PrefillGpu, RandomCallsMatchReference) {
     const CallPlan spec = *support::gen_prefill_problem(limits);
     const std::uint64_t seed = *rc::gen::arbitrary<std::uint64_t>();
     const Judgement j = run_and_judge(spec, seed);
-    worst.add(spec, j);
+    worst.add(spec, j, seed);
     RC_ASSERT(j.failure.empty());
   });
   EXPECT_TRUE(ok);
