@@ -167,10 +167,10 @@ template <int K> struct StatePairs {
 };
 
 // Grid: one block per (unit, value head, row slice), the slice fastest; a unit is a sequence
-// (whole) or a span slot (transition, span). ready: null when the chunk operands were complete
-// before the launch; else the prepare kernel is still running (prefill_shape.cuh) and the flag
-// ready[slot * HV + hv] is awaited before a chunk's operands are read. The transition's slices are the V value rows, then
-// the K identity rows.
+// (whole) or a span slot (transition, span). The transition's slices are the V value rows, then
+// the K identity rows. ready: null when the chunk operands were complete before the launch; else
+// the prepare kernel may still be running (prefill_shape.cuh) and the flag ready[slot * HV + hv]
+// is awaited before a chunk's operands are read.
 // Op: the operands' and the outputs' dtype, that of the inputs (__nv_bfloat16 or __half). With f16
 // the state enters the products rounded to f16, whose range (65504) a state may exceed (an f32
 // pool holds what the caller put there, and a state grows with its inputs): a warp whose Vnew is
