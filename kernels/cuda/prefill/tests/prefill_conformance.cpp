@@ -177,10 +177,8 @@ class CallerWorkspace {
  public:
   static constexpr std::int64_t kCanaryBytes = 4096;
   explicit CallerWorkspace(const CallPlan& spec) {
-    std::int64_t tokens = 0;
-    for (std::int64_t n : spec.row_lengths) tokens += n;
-    bytes_ = gpu::prefill_workspace_bytes(tokens, static_cast<std::int64_t>(spec.row_lengths.size()), spec.HV,
-                                          spec.K, spec.V, spec.io_dtype);
+    bytes_ = gpu::prefill_workspace_bytes(spec.total_tokens(), static_cast<std::int64_t>(spec.row_lengths.size()),
+                                          spec.HV, spec.K, spec.V, spec.io_dtype);
     KDAGUARD_CUDA_OK(cudaMalloc(&data_, static_cast<std::size_t>(bytes_ + kCanaryBytes)));
     KDAGUARD_CUDA_OK(cudaMemset(data_, 0xff, static_cast<std::size_t>(bytes_ + kCanaryBytes)));
   }
