@@ -28,21 +28,31 @@ std::string prefill_unsupported_reason(const PrefillParams& p) {
   return {};
 }
 
-// The layout of the shortest span the split may choose: every choice's layout fits in it.
-template <int K, int V> std::int64_t workspace_bytes_with_split_room(const PrefillParams& p) {
-  const prefill::WorkspaceLayout w =
-      prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, prefill::kMinChunksPerSpan);
-  return w.overflows ? -1 : static_cast<std::int64_t>(w.bytes);
+// Calls f.template operator()<K, V>() for the pair of supported::kHeadDims equal to (K, V) (the
+// first at or after [I][J]) and returns its result; `otherwise` for any other pair, never another
+// shape's code.
+template <std::size_t I = 0, std::size_t J = 0, class Result, class F>
+Result with_supported_head_dims(int K, int V, Result otherwise, F&& f) {
+  constexpr auto& dims = supported::kHeadDims;
+  if constexpr (I == dims.size()) {
+    return otherwise;
+  } else if constexpr (J == dims.size()) {
+    return with_supported_head_dims<I + 1, 0>(K, V, otherwise, f);
+  } else {
+    if (K == dims[I] && V == dims[J]) return f.template operator()<dims[I], dims[J]>();
+    return with_supported_head_dims<I, J + 1>(K, V, otherwise, f);
+  }
 }
 
 std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
   if (p.in.io_dtype == DType::f32 || p.total_tokens <= 0 || p.num_seqs <= 0 || p.in.HV <= 0)
     return 0;  // the f32 kernel keeps everything in registers; an empty call launches nothing
-  if (p.in.K == 64 && p.in.V == 64) return workspace_bytes_with_split_room<64, 64>(p);
-  if (p.in.K == 64 && p.in.V == 128) return workspace_bytes_with_split_room<64, 128>(p);
-  if (p.in.K == 128 && p.in.V == 64) return workspace_bytes_with_split_room<128, 64>(p);
-  if (p.in.K == 128 && p.in.V == 128) return workspace_bytes_with_split_room<128, 128>(p);
-  return -1;
+  // The layout of the shortest span the split may choose: every choice's layout fits in it.
+  return with_supported_head_dims(p.in.K, p.in.V, std::int64_t{-1}, [&]<int K, int V>() -> std::int64_t {
+    const prefill::WorkspaceLayout w =
+        prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, prefill::kMinChunksPerSpan);
+    return w.overflows ? -1 : static_cast<std::int64_t>(w.bytes);
+  });
 }
 
 cudaError_t prefill_workspace_take(const PrefillParams& p, std::size_t bytes, cudaStream_t stream,
@@ -130,26 +140,10 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
   return best_span;
 }
 
-cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-      e != cudaSuccess)
-    return e;
-  // One block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
-  *blocks = per_sm > 0 ? sms : 0;
-  return cudaSuccess;
-}
-
-cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const void* chain,
-                                int chain_threads, int chain_smem, std::int64_t* blocks) {
+cudaError_t chain_grids(const void* prepare, int prepare_threads, const void* chain, int chain_threads,
+                        int chain_smem, ChainGrids* grids) {
   int device = 0, sms = 0, smem_per_sm = 0, reserved_smem = 0, regs_per_sm = 0, threads_per_sm = 0,
-      blocks_per_sm = 0, alone = 0;
+      blocks_per_sm = 0, prepare_alone = 0, chain_alone = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   for (auto [attribute, value] : {std::pair{cudaDevAttrMultiProcessorCount, &sms},
                                   std::pair{cudaDevAttrMaxSharedMemoryPerMultiprocessor, &smem_per_sm},
@@ -158,12 +152,21 @@ cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const 
                                   std::pair{cudaDevAttrMaxThreadsPerMultiProcessor, &threads_per_sm},
                                   std::pair{cudaDevAttrMaxBlocksPerMultiprocessor, &blocks_per_sm}})
     if (cudaError_t e = cudaDeviceGetAttribute(value, attribute, device); e != cudaSuccess) return e;
+  // The attribute is per device and the current device may change, so it is set on every call.
+  if (cudaError_t e = cudaFuncSetAttribute(chain, cudaFuncAttributeMaxDynamicSharedMemorySize, chain_smem);
+      e != cudaSuccess)
+    return e;
   cudaFuncAttributes p{}, c{};
   if (cudaError_t e = cudaFuncGetAttributes(&p, prepare); e != cudaSuccess) return e;
   if (cudaError_t e = cudaFuncGetAttributes(&c, chain); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&alone, prepare, prepare_threads, 0);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prepare_alone, prepare, prepare_threads, 0);
       e != cudaSuccess)
     return e;
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&chain_alone, chain, chain_threads, chain_smem);
+      e != cudaSuccess)
+    return e;
+  // One chain block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
+  grids->resident_chain_blocks = chain_alone > 0 ? sms : 0;
   // Registers are granted per warp in units of 256; shared memory per block plus the system's
   // reserve.
   const auto regs = [](const cudaFuncAttributes& a, int threads) {
@@ -174,26 +177,10 @@ cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const 
   };
   const int beside = std::min({(smem_per_sm - smem(c, chain_smem)) / std::max(smem(p, 0), 1),
                                (regs_per_sm - regs(c, chain_threads)) / std::max(regs(p, prepare_threads), 1),
-                               (threads_per_sm - chain_threads) / prepare_threads, blocks_per_sm - 1, alone});
-  *blocks = static_cast<std::int64_t>(sms) * std::max(beside, 1);
+                               (threads_per_sm - chain_threads) / prepare_threads, blocks_per_sm - 1,
+                               prepare_alone});
+  grids->prepare_blocks = static_cast<std::int64_t>(sms) * std::max(beside, 1);
   return cudaSuccess;
-}
-
-// launch_prefill_shape<K, V> for the pair of supported::kHeadDims that matches the call (the
-// first at or after [I][J]); cudaErrorInvalidValue for any other shape, never another kernel.
-template <std::size_t I = 0, std::size_t J = 0>
-cudaError_t launch_supported_shape(const PrefillParams& p, GuardState guard, cudaStream_t stream,
-                                   std::int32_t chunks_per_span) {
-  constexpr auto& dims = supported::kHeadDims;
-  if constexpr (I == dims.size()) {
-    return cudaErrorInvalidValue;
-  } else if constexpr (J == dims.size()) {
-    return launch_supported_shape<I + 1, 0>(p, guard, stream, chunks_per_span);
-  } else {
-    if (p.in.K == dims[I] && p.in.V == dims[J])
-      return launch_prefill_shape<dims[I], dims[J]>(p, guard, stream, chunks_per_span);
-    return launch_supported_shape<I, J + 1>(p, guard, stream, chunks_per_span);
-  }
 }
 
 cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_t stream) {
@@ -203,7 +190,9 @@ cudaError_t launch_prefill(const PrefillParams& p, GuardState guard, cudaStream_
 cudaError_t launch_prefill_with_span(const PrefillParams& p, GuardState guard, cudaStream_t stream,
                                      std::int32_t chunks_per_span) {
   if (!prefill_unsupported_reason(p).empty() || chunks_per_span < kChooseSpan) return cudaErrorInvalidValue;
-  return launch_supported_shape(p, guard, stream, chunks_per_span);
+  return with_supported_head_dims(p.in.K, p.in.V, cudaErrorInvalidValue, [&]<int K, int V>() {
+    return launch_prefill_shape<K, V>(p, guard, stream, chunks_per_span);
+  });
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -64,14 +64,13 @@ struct ChainSplitCosts {
 // as fast. Pure function of its argument.
 std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 
-// Chain blocks the current device runs each on an SM of its own: the SM count (0 if `kernel`
-// cannot be resident at all).
-cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
-
-// The persistent prepare kernel's grid on the current device: as many blocks of `prepare` as fit
-// on each SM beside one block of `chain` (threads, dynamic shared memory), at least one per SM.
-cudaError_t prepare_grid_blocks(const void* prepare, int prepare_threads, const void* chain,
-                                int chain_threads, int chain_smem, std::int64_t* blocks);
+// The grids of one call on the current device, from the kernels' registers and shared memory.
+struct ChainGrids {
+  std::int64_t resident_chain_blocks = 0;  // chain blocks that each get an SM: the SM count (0 if none fits)
+  std::int64_t prepare_blocks = 0;  // the persistent prepare grid: blocks fitting beside one chain block per SM
+};
+cudaError_t chain_grids(const void* prepare, int prepare_threads, const void* chain, int chain_threads,
+                        int chain_smem, ChainGrids* grids);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
 // per sequence on the device, the rules in `enabled` only; row_flags[n] != 0 makes the kernels

@@ -60,6 +60,12 @@ cudaError_t launch_chunked(const PrefillParams& p, GuardState guard, cudaStream_
   auto* span = prefill::prefill_chain_kernel<IO, K, V, kChainWarps, ChainRole::span>;
   auto* combine = prefill::prefill_combine_kernel<IO, K, V, kChainWarps>;
 
+  // The transition and span kernels share the whole kernel's shared memory and block shape.
+  ChainGrids grids;
+  if (cudaError_t e = chain_grids(reinterpret_cast<const void*>(prepare), prefill::kPrepareThreads,
+                                  reinterpret_cast<const void*>(whole), 32 * kChainWarps, kChainSmem, &grids);
+      e != cudaSuccess)
+    return e;
   if (chunks_per_span == kChooseSpan) {
     ChainSplitCosts costs;
     costs.total_tokens = p.total_tokens;
@@ -67,10 +73,7 @@ cudaError_t launch_chunked(const PrefillParams& p, GuardState guard, cudaStream_
     costs.HV = p.in.HV;
     costs.value_slices = kValueSlices;
     costs.transition_slices = kTransitionSlices;
-    if (cudaError_t e = resident_chain_blocks(reinterpret_cast<const void*>(span), 32 * kChainWarps,
-                                              kChainSmem, &costs.resident_blocks);
-        e != cudaSuccess)
-      return e;
+    costs.resident_blocks = grids.resident_chain_blocks;
     chunks_per_span = choose_chunks_per_span(costs);
   }
   const prefill::WorkspaceLayout layout =
@@ -85,13 +88,7 @@ cudaError_t launch_chunked(const PrefillParams& p, GuardState guard, cudaStream_
   const std::int64_t span_units = layout.span_slots * p.in.HV;
   if (span_units * kTransitionSlices > INT32_MAX || heads * kValueSlices > INT32_MAX)
     return cudaErrorInvalidConfiguration;
-  std::int64_t prepare_blocks = 0;
-  if (cudaError_t e = prepare_grid_blocks(reinterpret_cast<const void*>(prepare), prefill::kPrepareThreads,
-                                          reinterpret_cast<const void*>(whole), 32 * kChainWarps, kChainSmem,
-                                          &prepare_blocks);
-      e != cudaSuccess)
-    return e;
-  prepare_blocks = std::min(prepare_blocks, order.items);
+  const std::int64_t prepare_blocks = std::min(grids.prepare_blocks, order.items);
 
   void* workspace = nullptr;
   if (cudaError_t e = prefill_workspace_take(p, layout.bytes, stream, &workspace); e != cudaSuccess)
