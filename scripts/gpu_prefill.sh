@@ -48,8 +48,8 @@ for step in $steps; do
       echo "exit $?" ;;
     sanitizer)
       # A sample of every kernel: prepare + chain (bf16, f16, both paths of the L/A pass, guard
-      # faults, a 4100-token sequence, the split, a caller's workspace, a captured graph with the
-      # chain's programmatic launch), the f32 kernel and the guard.
+      # faults, a 4100-token sequence, the split, a caller's workspace, a captured graph), the f32
+      # kernel and the guard.
       RC_PARAMS="max_success=8" timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$BIN/prefill_conformance" \
         --gtest_filter='PrefillGpu.DeviceChecks*:PrefillGpu.RandomCalls*:PrefillGpu.StrongDecays:PrefillGpu.TinyThenLong*:PrefillGpu.CallerWorkspace:PrefillGpu.GraphCapture*' \

@@ -168,9 +168,7 @@ template <int K> struct StatePairs {
 
 // Grid: one block per (unit, value head, row slice), the slice fastest; a unit is a sequence
 // (whole) or a span slot (transition, span). The transition's slices are the V value rows, then
-// the K identity rows. ready: null when the chunk operands were complete before the launch; else
-// the prepare kernel may still be running (prefill_shape.cuh) and the flag ready[slot * HV + hv]
-// is awaited before a chunk's operands are read.
+// the K identity rows.
 // Op: the operands' and the outputs' dtype, that of the inputs (__nv_bfloat16 or __half). With f16
 // the state enters the products rounded to f16, whose range (65504) a state may exceed (an f32
 // pool holds what the caller put there, and a state grows with its inputs): a warp whose Vnew is
@@ -178,9 +176,9 @@ template <int K> struct StatePairs {
 // Vnew's own f16 rounding could overflow) redoes that chunk step in bf16, its f16 operands
 // converted, before the state changes; the state stays in f32 registers throughout.
 template <class Op, int K, int V, int kWarps, ChainRole kRole>
-__device__ __forceinline__ void chain_block(const PrefillParams& p, const GuardState& guard,
-                                            const unsigned char* workspace, const std::uint32_t* ready,
-                                            const ChainSplit& split) {
+__global__ void __launch_bounds__(32 * kWarps)
+    prefill_chain_kernel(const PrefillParams p, const GuardState guard,
+                         const unsigned char* workspace, const ChainSplit split) {
   using Ops = ChunkOperands<K, V>;
   using Spans = SpanOperands<K, V>;
   using Stage = ChainStage<K, V, kWarps>;
@@ -226,20 +224,13 @@ __device__ __forceinline__ void chain_block(const PrefillParams& p, const GuardS
   const int v0 = row0 + 16 * warp;  // the warp's first row
   const int steps = c_end - c_begin;
   const std::int64_t chunk_stride = static_cast<std::int64_t>(p.in.HV) * Ops::kBytes;
-  const std::int64_t unit0 = workspace_slot(seq.begin, n, c_begin) * p.in.HV + hv;
-  const unsigned char* ops0 = workspace + unit0 * Ops::kBytes;
-  // Chunk i's copies are issued once its ready flag is seen: the acquire orders them after the
-  // prepare block's stores.
+  const unsigned char* ops0 =
+      workspace + (workspace_slot(seq.begin, n, c_begin) * p.in.HV + hv) * Ops::kBytes;
+
   const OperandFetch<K, V, kWarps, kOutputs> fetch(row0, !identity_rows);
-  const auto fetch_chunk = [&](int i, Stage& stage) {
-    if (ready != nullptr) {
-      while (load_acquire(ready + unit0 + static_cast<std::int64_t>(i) * p.in.HV) == 0) __nanosleep(256);
-    }
-    fetch.issue(ops0 + i * chunk_stride, stage);
-  };
 #pragma unroll
   for (int st = 0; st < kChainStages - 1; ++st) {
-    if (st < steps) fetch_chunk(st, sm.stage[st]);
+    if (st < steps) fetch.issue(ops0 + st * chunk_stride, sm.stage[st]);
     cp_async_commit();  // one group per chunk, empty past the end, so the counts stay uniform
   }
 
@@ -270,7 +261,8 @@ __device__ __forceinline__ void chain_block(const PrefillParams& p, const GuardS
     cp_async_wait_pending<kChainStages - 2>();
     __syncthreads();  // chunk c's stage landed for every thread; chunk c - 1's stage is consumed
     if (i + kChainStages - 1 < steps)
-      fetch_chunk(i + kChainStages - 1, sm.stage[(i + kChainStages - 1) % kChainStages]);
+      fetch.issue(ops0 + (i + kChainStages - 1) * chunk_stride,
+                  sm.stage[(i + kChainStages - 1) % kChainStages]);
     cp_async_commit();
     const Stage& st = sm.stage[i % kChainStages];
     const int rows = static_cast<int>(seq.length - static_cast<std::int64_t>(c) * kChunk < kChunk
@@ -439,18 +431,6 @@ __device__ __forceinline__ void chain_block(const PrefillParams& p, const GuardS
   } else {
     if (writes_pool) pairs.store(pool_head, p.state.dtype);
   }
-}
-
-// Launched right behind the prepare kernel (programmatic stream serialization) for the whole and
-// transition roles: the block ends by waiting for the prepare grid's completion, so that whatever
-// the stream runs after this kernel finds the prepare kernel finished, even when no block of this
-// one read a chunk (a no-op for a plain launch).
-template <class Op, int K, int V, int kWarps, ChainRole kRole>
-__global__ void __launch_bounds__(32 * kWarps)
-    prefill_chain_kernel(const PrefillParams p, const GuardState guard, const unsigned char* workspace,
-                         const std::uint32_t* ready, const ChainSplit split) {
-  chain_block<Op, K, V, kWarps, kRole>(p, guard, workspace, ready, split);
-  wait_for_prior_grid();
 }
 
 }  // namespace kdaguard::gpu::prefill

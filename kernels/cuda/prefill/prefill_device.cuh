@@ -234,27 +234,4 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait_pending() 
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// ---- the prepare kernel's hand-over to the chain kernels (prefill_shape.cuh) -----------------
-
-// Lets the kernel launched after this one on the stream with programmatic stream serialization
-// start once every block of this grid has passed here (a no-op without such a launch).
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-// Waits until the grid this one was launched after has completed and its writes are visible (a
-// no-op when it was launched in plain stream order).
-__device__ __forceinline__ void wait_for_prior_grid() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-// A ready flag: set with release semantics at GPU scope once the writes it covers are made
-// (after a barrier of the writing block), read with acquire semantics before they are read.
-__device__ __forceinline__ void store_release(std::uint32_t* flag, std::uint32_t value) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
-}
-__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* flag) {
-  std::uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(value) : "l"(flag) : "memory");
-  return value;
-}
-
 }  // namespace kdaguard::gpu::prefill

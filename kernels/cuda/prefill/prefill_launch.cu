@@ -7,7 +7,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <utility>
 
 #include "kdaguard/contracts/supported.h"
 #include "prefill_workspace.cuh"
@@ -140,46 +139,19 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
   return best_span;
 }
 
-cudaError_t chain_grids(const void* prepare, int prepare_threads, const void* chain, int chain_threads,
-                        int chain_smem, ChainGrids* grids) {
-  int device = 0, sms = 0, smem_per_sm = 0, reserved_smem = 0, regs_per_sm = 0, threads_per_sm = 0,
-      blocks_per_sm = 0, prepare_alone = 0, chain_alone = 0;
+cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks) {
+  int device = 0, sms = 0, per_sm = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  for (auto [attribute, value] : {std::pair{cudaDevAttrMultiProcessorCount, &sms},
-                                  std::pair{cudaDevAttrMaxSharedMemoryPerMultiprocessor, &smem_per_sm},
-                                  std::pair{cudaDevAttrReservedSharedMemoryPerBlock, &reserved_smem},
-                                  std::pair{cudaDevAttrMaxRegistersPerMultiprocessor, &regs_per_sm},
-                                  std::pair{cudaDevAttrMaxThreadsPerMultiProcessor, &threads_per_sm},
-                                  std::pair{cudaDevAttrMaxBlocksPerMultiprocessor, &blocks_per_sm}})
-    if (cudaError_t e = cudaDeviceGetAttribute(value, attribute, device); e != cudaSuccess) return e;
-  // The attribute is per device and the current device may change, so it is set on every call.
-  if (cudaError_t e = cudaFuncSetAttribute(chain, cudaFuncAttributeMaxDynamicSharedMemorySize, chain_smem);
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;
-  cudaFuncAttributes p{}, c{};
-  if (cudaError_t e = cudaFuncGetAttributes(&p, prepare); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaFuncGetAttributes(&c, chain); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prepare_alone, prepare, prepare_threads, 0);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
       e != cudaSuccess)
     return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&chain_alone, chain, chain_threads, chain_smem);
-      e != cudaSuccess)
-    return e;
-  // One chain block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
-  grids->resident_chain_blocks = chain_alone > 0 ? sms : 0;
-  // Registers are granted per warp in units of 256; shared memory per block plus the system's
-  // reserve.
-  const auto regs = [](const cudaFuncAttributes& a, int threads) {
-    return (threads + 31) / 32 * ((a.numRegs * 32 + 255) / 256 * 256);
-  };
-  const auto smem = [&](const cudaFuncAttributes& a, int dynamic) {
-    return static_cast<int>(a.sharedSizeBytes) + dynamic + reserved_smem;
-  };
-  const int beside = std::min({(smem_per_sm - smem(c, chain_smem)) / std::max(smem(p, 0), 1),
-                               (regs_per_sm - regs(c, chain_threads)) / std::max(regs(p, prepare_threads), 1),
-                               (threads_per_sm - chain_threads) / prepare_threads, blocks_per_sm - 1,
-                               prepare_alone});
-  grids->prepare_blocks = static_cast<std::int64_t>(sms) * std::max(beside, 1);
+  // One block per SM (see choose_chunks_per_span); the occupancy query only checks one fits.
+  *blocks = per_sm > 0 ? sms : 0;
   return cudaSuccess;
 }
 

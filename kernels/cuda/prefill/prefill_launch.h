@@ -4,8 +4,7 @@
 // bf16 and f16 inputs run the chunked prefill on the tensor cores in two kernels: the
 // chunk-parallel prepare kernel (prefill_prepare.cuh) writes every chunk's state-independent
 // operands to a workspace, the chain kernel (prefill_chain.cuh) walks each sequence's chunks with
-// the state in registers. The chain kernel starts while the prepare kernel runs and reads each
-// chunk once its ready flag is set (prefill_shape.cuh). f32 inputs run the per-token f32 kernel (prefill_recurrent.cuh). All
+// the state in registers. f32 inputs run the per-token f32 kernel (prefill_recurrent.cuh). All
 // read the initial state from slot state_indices[n], write the final state back in place, never
 // write q, k, v, gates or beta, and skip (and report through guard.error_word) any sequence whose
 // offsets or slot break a value rule, or that guard.row_flags marks.
@@ -64,13 +63,9 @@ struct ChainSplitCosts {
 // as fast. Pure function of its argument.
 std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 
-// The grids of one call on the current device, from the kernels' registers and shared memory.
-struct ChainGrids {
-  std::int64_t resident_chain_blocks = 0;  // chain blocks that each get an SM: the SM count (0 if none fits)
-  std::int64_t prepare_blocks = 0;  // the persistent prepare grid: blocks fitting beside one chain block per SM
-};
-cudaError_t chain_grids(const void* prepare, int prepare_threads, const void* chain, int chain_threads,
-                        int chain_smem, ChainGrids* grids);
+// Chain blocks the current device runs each on an SM of its own: the SM count (0 if `kernel`
+// cannot be resident at all).
+cudaError_t resident_chain_blocks(const void* kernel, int threads, int smem, std::int64_t* blocks);
 
 // The prefill guard (prefill_guard.cu): seqlens.start/monotone/total, index.range/padding/unique
 // per sequence on the device, the rules in `enabled` only; row_flags[n] != 0 makes the kernels

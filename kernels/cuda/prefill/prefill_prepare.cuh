@@ -1,8 +1,7 @@
 // The chunk-parallel half of the chunked prefill (kda-math.md, "Chunked form"), for bf16 and f16
 // inputs: everything of a chunk step that does not depend on the state, for every (chunk, value
-// head) of the call at once. A block of 128 threads prepares one (workspace slot, value head) at a
-// time (a persistent grid: see the kernel); a slot that holds no chunk (see prefill_workspace.cuh)
-// is skipped. Per chunk:
+// head) of the call at once. One block of 128 threads per (workspace slot, value head); a slot
+// that holds no chunk (see prefill_workspace.cuh) exits at once. Per chunk:
 //   stage    cp.async brings the raw q, k, v and gate rows to shared memory (zero past the
 //            sequence's end), so no load below needs a per-row bound;
 //   gates    gate activation and the in-chunk cumulative gate G (log2 units) per key channel
@@ -16,7 +15,7 @@
 //            which is exact for any gate however negative (g = -1000 per token included);
 //   W, U     W = (I + L)^-1 diag(beta) e^G K and U = (I + L)^-1 diag(beta) V by forward
 //            substitution in f32, one key column and one value column per thread.
-// The kernel is throughput bound (tens of thousands of items): what counts is instructions per
+// The kernel is throughput bound (tens of thousands of blocks): what counts is instructions per
 // chunk, so every per-row bound check is gone from the loops and the substitution is written
 // column by column (15 dependent FMAs rather than 120).
 #pragma once
@@ -78,16 +77,18 @@ template <int K, int V, bool kSplitTiles> struct PrepareShared {
 // decays) or their inner products, which stay small whenever the delta rule is stable
 // (beta |k|^2 < 2); values that underflow stand for contributions below f16's resolution.
 template <class IO, int K, int V>
-__device__ __forceinline__ void prepare_chunk(const PrefillParams& p, const GuardState& guard,
-                                              unsigned char* workspace, std::int64_t s, int hv,
-                                              PrepareShared<K, V, std::is_same_v<IO, __half>>& sm) {
+__global__ void __launch_bounds__(kPrepareThreads)
+    prefill_prepare_kernel(const PrefillParams p, const GuardState guard, unsigned char* workspace) {
   static_assert(K <= kPrepareThreads && V <= kPrepareThreads);
   using Ops = ChunkOperands<K, V>;
   using Io = IoBits<IO>;
   constexpr bool kSplitTiles = std::is_same_v<IO, __half>;
   using Shared = PrepareShared<K, V, kSplitTiles>;
+  __shared__ Shared sm;
   static_assert(offsetof(Shared, gate_raw) % 16 == 0);
 
+  const std::int64_t s = blockIdx.x / p.in.HV;
+  const int hv = static_cast<int>(blockIdx.x % p.in.HV);
   const std::int32_t n = sequence_of_slot(p, s, kChunk);
   const Sequence seq = resolve_sequence(p, n, guard, /*report=*/false);  // the chain reports
   if (!seq.runs) return;
@@ -351,52 +352,6 @@ __device__ __forceinline__ void prepare_chunk(const PrefillParams& p, const Guar
     float* U = reinterpret_cast<float*>(ops + Ops::kU);
 #pragma unroll
     for (int r = 0; r < kChunk; ++r) U[r * V + tid] = Y[r];
-  }
-}
-
-// Which (workspace slot, value head) item i of the prepare kernel prepares, in the order the
-// chain kernels read them: slot by slot for whole chains; for a split chain the first chunk of
-// every span, then the second, and so on, since every span's transition starts at once.
-struct PrepareOrder {
-  std::int64_t items = 0;
-  std::int32_t chunks_per_span = 0;  // 0: whole chains
-  std::int64_t span_slots = 0;
-
-  // The slot of item i and its value head; -1 when the item holds no chunk (a span slot between
-  // two sequences' spans, a span's chunk past its sequence's end, a sequence the checks refuse).
-  __device__ __forceinline__ std::int64_t slot(const PrefillParams& p, std::int64_t i, int& hv) const {
-    hv = static_cast<int>(i % p.in.HV);
-    if (chunks_per_span == 0) return i / p.in.HV;
-    const std::int64_t unit = i / p.in.HV % span_slots, chunk_in_span = i / p.in.HV / span_slots;
-    const std::int64_t span_tokens = static_cast<std::int64_t>(kChunk) * chunks_per_span;
-    const std::int32_t n = sequence_of_slot(p, unit, span_tokens);
-    const std::int64_t begin = seq_offset(p, n), end = seq_offset(p, n + 1);
-    if (begin < 0 || end < begin || end > p.total_tokens) return -1;  // refused offsets
-    const std::int64_t c = (unit - unit_slot(begin, n, 0, span_tokens)) * chunks_per_span + chunk_in_span;
-    if (c < 0 || c * kChunk >= end - begin) return -1;
-    return workspace_slot(begin, n, c);
-  }
-};
-
-// Persistent: a grid of as many blocks as fit beside the chain kernel's (prefill_shape.cuh), each
-// walking the items from its index in steps of the grid. Every block lets the chain kernel launch
-// at once (programmatic stream serialization) and, after each item, sets the slot's ready flag
-// (ready[slot * HV + hv]) that the chain waits for before it reads those operands.
-template <class IO, int K, int V>
-__global__ void __launch_bounds__(kPrepareThreads)
-    prefill_prepare_kernel(const PrefillParams p, const GuardState guard, unsigned char* workspace,
-                           std::uint32_t* ready, const PrepareOrder order) {
-  __shared__ PrepareShared<K, V, std::is_same_v<IO, __half>> sm;
-  allow_dependent_launch();
-  for (std::int64_t i = blockIdx.x; i < order.items; i += gridDim.x) {
-    int hv = 0;
-    const std::int64_t s = order.slot(p, i, hv);
-    if (s >= 0) prepare_chunk<IO, K, V>(p, guard, workspace, s, hv, sm);
-    __syncthreads();  // every thread's stores of the item are made; sm is free for the next item
-    if (s >= 0 && threadIdx.x == 0) {
-      __threadfence();
-      store_release(ready + s * p.in.HV + hv, 1u);
-    }
   }
 }
 

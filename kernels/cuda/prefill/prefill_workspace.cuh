@@ -8,14 +8,10 @@
 // sequences or the chunk counts on the host. Slot s of value head hv starts at byte
 // (s * HV + hv) * ChunkOperands<K, V>::kBytes of the workspace.
 //
-// Each (slot, value head) also has a 32-bit ready flag, after the chunk operands: the prepare
-// kernel sets it once the chunk's operands are written, and the chain kernels, which start while
-// the prepare kernel still runs, wait for it before they read them (prefill_shape.cuh).
-//
 // A split chain (prefill_chain.cuh, prefill_combine.cuh) cuts each sequence into spans of L
 // chunks; span j of sequence n takes span slot floor(cu_seqlens[n] / (16 L)) + n + j by the same
 // argument (unique, below floor(T_tot / (16 L)) + N), each (span slot, value head) holding one
-// SpanOperands after the flags.
+// SpanOperands after the chunk operands.
 #pragma once
 
 #include <cstddef>
@@ -107,13 +103,12 @@ __device__ __forceinline__ std::int32_t sequence_of_slot(const PrefillParams& p,
 // (bench/NOTES_prefill.md).
 inline constexpr std::int32_t kMinChunksPerSpan = 32;
 
-// A call's workspace: the chunk operands, their ready flags, then (split chains only) the span
-// operands. Computed here and nowhere else, from the call's shape and the chosen span length.
+// A call's workspace: the chunk operands, then (split chains only) the span operands. Computed
+// here and nowhere else, from the call's shape and the chosen span length.
 struct WorkspaceLayout {
   std::int32_t chunks_per_span = 0;  // 0: every sequence's chain runs whole
   std::int64_t chunk_slots = 0, span_slots = 0;
-  std::uint64_t ready_offset = 0;  // bytes from the start to the ready flags (u32 per chunk slot and value head)
-  std::uint64_t span_offset = 0;   // bytes from the start to the span operands
+  std::uint64_t span_offset = 0;  // bytes from the start to the span operands
   std::uint64_t bytes = 0;
   bool overflows = false;  // a size past 2^63 bytes: no such workspace
 };
@@ -138,8 +133,7 @@ WorkspaceLayout workspace_layout(std::int64_t total_tokens, std::int32_t num_seq
   };
   const auto aligned = [&](std::uint64_t bytes) { return plus(bytes, 255) / 256 * 256; };
   const std::uint64_t chunk_units = times(static_cast<std::uint64_t>(w.chunk_slots), static_cast<std::uint64_t>(HV));
-  w.ready_offset = aligned(times(chunk_units, ChunkOperands<K, V>::kBytes));
-  w.span_offset = aligned(plus(w.ready_offset, times(chunk_units, sizeof(std::uint32_t))));
+  w.span_offset = aligned(times(chunk_units, ChunkOperands<K, V>::kBytes));
   w.bytes = plus(w.span_offset, times(times(static_cast<std::uint64_t>(w.span_slots), static_cast<std::uint64_t>(HV)),
                                       SpanOperands<K, V>::kBytes));
   w.overflows |= w.bytes > static_cast<std::uint64_t>(INT64_MAX);

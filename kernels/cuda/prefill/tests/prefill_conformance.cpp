@@ -169,10 +169,9 @@ void collect_states(const HostProblem& hp, const reference::PrefillValues& ref,
 // (CallerWorkspace).
 enum class Launch { direct, graph, split, caller_workspace };
 
-// A caller's workspace of exactly prefill_workspace_bytes() for the call, every byte 0xff (ready
-// flags that read as set, operands that read as NaN: a chain that read either before the prepare
-// kernel wrote them would fail the comparison), followed by a canary region the call must leave
-// as it was.
+// A caller's workspace of exactly prefill_workspace_bytes() for the call, every byte 0xff
+// (operands that read as NaN: a chain that read one before the prepare kernel wrote it would fail
+// the comparison), followed by a canary region the call must leave as it was.
 class CallerWorkspace {
  public:
   static constexpr std::int64_t kCanaryBytes = 4096;
