@@ -83,18 +83,8 @@ __device__ __forceinline__ GateConstants gate_constants(const TokenInputs& in, i
   return c;
 }
 
-// g from the raw value `a` of channel k (dt_bias already added by the caller for raw gates).
-// Fast intrinsics, branch-free: their absolute error on g is ~1e-6, far below the bf16 operand
-// rounding of the chunked kernel.
-__device__ __forceinline__ float activate_gate_fast(const GateConstants& c, float x) {
-  switch (c.kind) {
-    case GateKind::softplus: return -c.rate * (x > 20.f ? x : __logf(1.f + __expf(x)));
-    case GateKind::bounded: return c.lower_bound * fast_rcp(1.f + __expf(-c.rate * x));
-    default: return x;
-  }
-}
-
-// The same in full f32 accuracy, for the f32 path.
+// g from the raw value `a` of channel k (dt_bias already added by the caller for raw gates), in
+// full f32 accuracy, for the f32 path (the prepare kernel forms its gates with fast intrinsics).
 __device__ __forceinline__ float activate_gate_exact(const GateConstants& c, float x) {
   switch (c.kind) {
     case GateKind::softplus: return -c.rate * (x > 20.f ? x : log1pf(expf(x)));
