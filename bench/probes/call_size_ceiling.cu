@@ -10,14 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <vector>
-#define CK(x)                                                        \
-  do {                                                               \
-    cudaError_t e = (x);                                             \
-    if (e != cudaSuccess) {                                          \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));            \
-      return 1;                                                      \
-    }                                                                \
-  } while (0)
+#include "probe_check.h"
 
 // Grid-stride; each thread reads 4 vectors of the source and writes each to `copies` destinations
 // `dst_stride` vectors apart (copies = 1, dst == src: decode's in-place pass; copies = T: verify).

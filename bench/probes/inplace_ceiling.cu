@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#include "probe_check.h"
 
 __device__ __forceinline__ uint4 scale4(uint4 v, float s) {
   return make_uint4(__float_as_uint(__uint_as_float(v.x) * s), __float_as_uint(__uint_as_float(v.y) * s),

@@ -17,14 +17,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                 \
-  do {                                                                        \
-    cudaError_t e = (x);                                                      \
-    if (e != cudaSuccess) {                                                   \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                     \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "probe_check.h"
 
 constexpr int kChannels = 1 << 14;
 constexpr int kForms = 3;
