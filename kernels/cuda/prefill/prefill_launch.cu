@@ -49,7 +49,7 @@ std::int64_t prefill_workspace_bytes(const PrefillParams& p) {
   // The layout of the shortest span the split may choose: every choice's layout fits in it.
   return with_supported_head_dims(p.in.K, p.in.V, std::int64_t{-1}, [&]<int K, int V>() -> std::int64_t {
     const prefill::WorkspaceLayout w =
-        prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, prefill::kMinChunksPerSpan);
+        prefill::workspace_layout<K, V>(p.total_tokens, p.num_seqs, p.in.HV, kMinChunksPerSpan);
     return w.overflows ? -1 : static_cast<std::int64_t>(w.bytes);
   });
 }
@@ -127,7 +127,7 @@ std::int32_t choose_chunks_per_span(const ChainSplitCosts& c) {
   std::int32_t best_span = 0;
   for (std::int64_t spans = 2; spans <= std::min(chunks, kMaxSpans); ++spans) {
     const std::int64_t span = (chunks + spans - 1) / spans;
-    if (span < prefill::kMinChunksPerSpan) break;  // more spans only shorten it
+    if (span < kMinChunksPerSpan) break;  // more spans only shorten it
     const double cost = phase(static_cast<double>(span), heads * c.transition_slices * (spans - 1)) +
                         phase(kCombineSteps * static_cast<double>(spans), heads * c.value_slices) +
                         phase(static_cast<double>(span), heads * c.value_slices * spans);

@@ -59,8 +59,14 @@ struct ChainSplitCosts {
   std::int64_t resident_blocks = 0;  // chain blocks that each have an SM to themselves
 };
 
+// The shortest span the split chain takes (chunks): a workspace sized for it holds the layout of
+// every span the call may choose (prefill_workspace_bytes), about 14% more than the unsplit
+// chain's at K = V = 128. No span below 32 chunks was the fastest of any shape in the span sweep
+// (bench/NOTES_prefill.md).
+inline constexpr std::int32_t kMinChunksPerSpan = 32;
+
 // The span length (chunks) that minimises the modelled chain time, or 0 when not splitting is
-// as fast. Pure function of its argument.
+// as fast; never a span below kMinChunksPerSpan. Pure function of its argument.
 std::int32_t choose_chunks_per_span(const ChainSplitCosts& c);
 
 // Chain blocks the current device runs each on an SM of its own: the SM count (0 if `kernel`
@@ -76,7 +82,7 @@ cudaError_t launch_prefill_guard(const PrefillParams& p, std::uint64_t enabled,
 
 // Bytes of workspace the tensor-core kernels need for p (0 for f32 inputs or an empty call; -1
 // when the size overflows int64): the layout of the shortest span the split may choose
-// (prefill::kMinChunksPerSpan), which holds the layout of every choice, unsplit included. What
+// (kMinChunksPerSpan), which holds the layout of every choice, unsplit included. What
 // the size query of kda.h reports.
 std::int64_t prefill_workspace_bytes(const PrefillParams& p);
 

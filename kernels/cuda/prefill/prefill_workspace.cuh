@@ -97,12 +97,6 @@ __device__ __forceinline__ std::int32_t sequence_of_slot(const PrefillParams& p,
   return lo;
 }
 
-// The shortest span the split chain takes (chunks; prefill_launch.cu): a workspace sized for it
-// holds the layout of every span the call may choose, about 14% more than the unsplit chain's at
-// K = V = 128. No span below 32 chunks was the fastest of any shape in the span sweep
-// (bench/NOTES_prefill.md).
-inline constexpr std::int32_t kMinChunksPerSpan = 32;
-
 // A call's workspace: the chunk operands, then (split chains only) the span operands. Computed
 // here and nowhere else, from the call's shape and the chosen span length.
 struct WorkspaceLayout {
