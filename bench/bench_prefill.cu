@@ -7,7 +7,8 @@
 // Shapes (issue 13): T = 8192, B = 1 at H in {12, 24, 32, 64, 96}; T in {32768, 65536, 131072}
 // at H in {4, 12}; B = 2 at H in {12, 64}; T = 512; 10 ragged sequences summing to 8192 tokens. Manual time from CUDA events, median of repetitions; the device-to-device copy
 // ceiling is measured by the same binary (BM_CopyCeiling). BM_PrefillF16: the same call with f16
-// q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}. BM_PrefillGVA: H = 16 q/k heads over
+// q, k, v, a, b and out, at T = 8192, B = 1, H in {12, 64}. BM_PrefillSoftplus: the unbounded
+// softplus gate with bf16 or f16 inputs at the same shapes. BM_PrefillGVA: H = 16 q/k heads over
 // HV = 32 value heads at T = 8192, B = 1; token-heads count value heads. BM_PrefillSpan: the
 // chain's span length forced over a sweep of (T, H, B) shapes (-1: the model's choice).
 #include <benchmark/benchmark.h>
@@ -113,9 +114,12 @@ cudaError_t prefill(const kdaguard::PrefillCall& call) {
   return status.ok() ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+enum class Gate { bounded, softplus };
+
 void run_prefill(benchmark::State& state, std::vector<std::int64_t> lens, int H, DType io = DType::bf16,
-                 int HV = 0) {
+                 int HV = 0, Gate gate = Gate::bounded) {
   PrefillProblem p(std::move(lens), H, io, HV);
+  if (gate == Gate::softplus) p.call.scalars.lower_bound.reset();
   if (!kdaguard::validate(p.call).accepted()) {
     state.SkipWithError(kdaguard::describe(kdaguard::validate(p.call)).c_str());
     return;
@@ -156,6 +160,13 @@ void BM_Prefill(benchmark::State& state) {
 void BM_PrefillF16(benchmark::State& state) {
   run_prefill(state, std::vector<std::int64_t>(static_cast<std::size_t>(state.range(2)), state.range(0)),
               static_cast<int>(state.range(1)), DType::f16);
+}
+
+// The unbounded softplus gate (no lower_bound), bf16 or f16 inputs: the two gate forms differ in
+// the prepare kernel's arithmetic, and f16 forms its softplus more accurately than bf16.
+void BM_PrefillSoftplus(benchmark::State& state) {
+  run_prefill(state, std::vector<std::int64_t>(1, state.range(0)), static_cast<int>(state.range(1)),
+              state.range(2) != 0 ? DType::f16 : DType::bf16, 0, Gate::softplus);
 }
 
 // The chain split at a forced span length, against the entry point's own choice (span -1) and no
@@ -241,6 +252,15 @@ BENCHMARK(BM_Prefill)
 BENCHMARK(BM_PrefillF16)
     ->Args({8192, 12, 1})->Args({8192, 64, 1})
     ->ArgNames({"T", "H", "B"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinWarmUpTime(0.05)
+    ->MinTime(0.1)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_PrefillSoftplus)
+    ->Args({8192, 12, 0})->Args({8192, 64, 0})->Args({8192, 12, 1})->Args({8192, 64, 1})
+    ->ArgNames({"T", "H", "f16"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinWarmUpTime(0.05)
