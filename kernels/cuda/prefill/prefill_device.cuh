@@ -67,6 +67,14 @@ __device__ __forceinline__ float fast_rcp(float x) {  // 1/x, ~1 ulp; 1/inf = 0
   return r;
 }
 
+// 2^x by the MUFU instruction alone: the value exp2f gives wherever the result is a normal float;
+// results below 2^-126 flush to zero (exp2f, and __expf, spend four more instructions keeping them).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // ---- gates and beta (kda-math.md "Gate and beta"), f32 ----------------------------------------
 
 struct GateConstants {

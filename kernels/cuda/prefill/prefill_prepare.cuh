@@ -37,6 +37,7 @@ inline constexpr int kPrepareWarps = kPrepareThreads / 32;
 // then lie in [2^-90, 2^90], far from f32/bf16 overflow and underflow. With lower_bound >= -5 a
 // chunk never exceeds 8 * 5 / ln 2 = 57.7.
 inline constexpr float kSpanLimit = 90.f;
+static_assert(kSpanLimit < 126.f, "2^(+-kSpanLimit) must be a normal float (exp2_ftz)");
 inline constexpr int kPivotRow = 7;
 
 // kSplitTiles (f16 inputs): each pivot-factorised tile is held as bf16 hi + lo parts, x = hi + lo
@@ -104,32 +105,38 @@ __global__ void __launch_bounds__(kPrepareThreads)
 
   // ---- stage: q, k, v and raw gate rows to shared memory (q, k, v zero past the end) ----
   {
-    // Copies row_bytes of each row into rows dst_stride bytes apart.
+    // Copies row_bytes of each row into rows dst_stride bytes apart, zeros past the end: each
+    // thread one 16-byte segment of every (kPrepareThreads / segs)-th row, the addresses stepped
+    // rather than recomputed per row. segs (8 to 32 here) divides kPrepareThreads.
     const auto stage_rows = [&](void* dst_rows, int dst_stride, int row_bytes, const char* base,
-                                std::int64_t token_stride, std::int64_t head_offset, int element_bytes,
-                                bool zero_fill) {
+                                std::int64_t token_stride, std::int64_t head_offset, int element_bytes) {
       const int segs = row_bytes / 16;
-      for (int i = tid; i < kChunk * segs; i += kPrepareThreads) {
-        const int r = i / segs, seg = i % segs;
-        char* dst = static_cast<char*>(dst_rows) + r * dst_stride + seg * 16;
-        if (r < rows) {
-          cp_async_16(dst, base + ((first + r) * token_stride + head_offset) * element_bytes + seg * 16);
-        } else if (zero_fill) {
+      const int rows_per_pass = kPrepareThreads / segs;
+      const int r0 = tid / segs, seg = tid % segs;
+      const std::int64_t src_step = rows_per_pass * token_stride * element_bytes;
+      const char* src = base + ((first + r0) * token_stride + head_offset) * element_bytes + seg * 16;
+      char* dst = static_cast<char*>(dst_rows) + r0 * dst_stride + seg * 16;
+      for (int pass = 0; pass < kChunk / rows_per_pass; ++pass) {
+        if (r0 + pass * rows_per_pass < rows) {
+          cp_async_16(dst, src);
+        } else {
           *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
+        src += src_step;
+        dst += rows_per_pass * dst_stride;
       }
     };
     stage_rows(sm.q, K * 2, K * 2, static_cast<const char*>(p.in.q.data), p.in.q.token_stride,
-               h * p.in.q.head_stride, 2, true);
+               h * p.in.q.head_stride, 2);
     stage_rows(sm.k, K * 2, K * 2, static_cast<const char*>(p.in.k.data), p.in.k.token_stride,
-               h * p.in.k.head_stride, 2, true);
+               h * p.in.k.head_stride, 2);
     stage_rows(sm.v, V * 2, V * 2, static_cast<const char*>(p.in.v.data), p.in.v.token_stride,
-               hv * p.in.v.head_stride, 2, true);
+               hv * p.in.v.head_stride, 2);
     // A 16-bit gate row fills the first half of its 32-bit row. Past the end the gates are
     // forced to 0 below whatever the bytes; they are zeroed anyway, so nothing reads stale data.
     const int gate_bytes = p.in.gate_dtype == DType::f32 ? 4 : 2;
     stage_rows(sm.gate_raw, K * 4, K * gate_bytes, static_cast<const char*>(p.in.gate.data), p.in.gate.token_stride,
-               hv * p.in.gate.head_stride, gate_bytes, true);
+               hv * p.in.gate.head_stride, gate_bytes);
     cp_async_commit();
   }
   if (tid < kChunk) {
@@ -155,27 +162,30 @@ __global__ void __launch_bounds__(kPrepareThreads)
     const float bias = (p.in.gate_kind != GateKind::activated && p.in.dt_bias != nullptr)
                            ? p.in.dt_bias[hv * K + ch]
                            : 0.f;
+    // activate(x) is the token's g in log2 units, the constants folded into one factor each.
     auto gate_rows = [&](auto raw_gate, auto activate) {
       float running = 0.f;
 #pragma unroll
       for (int r = 0; r < kChunk; ++r) {
-        const float g = activate(raw_gate(r) + bias) * kLog2e;
+        const float g = activate(raw_gate(r) + bias);
         running += r < rows ? g : 0.f;
         G[r] = running;
       }
     };
-    // Fast intrinsics: about 1e-7 of absolute error on each token's g. Whether that, summed over
-    // a slowly decaying channel, is what keeps f16's final state above twice its rounding floor
-    // is open (bench/NOTES_prefill.md).
+    const float neg_rate_log2 = -gate.rate * kLog2e;
+    // e^x as 2^(x log2 e) flushed below 2^-126: where it is added to 1 the flush changes nothing.
+    const auto exp_ftz = [](float x) { return exp2_ftz(x * kLog2e); };
     auto gate_form = [&](auto raw_gate) {
       switch (gate.kind) {
         case GateKind::softplus:
-          gate_rows(raw_gate, [&](float x) { return -gate.rate * (x > 20.f ? x : __logf(1.f + __expf(x))); });
+          gate_rows(raw_gate, [&](float x) { return neg_rate_log2 * (x > 20.f ? x : __logf(1.f + exp_ftz(x))); });
           break;
-        case GateKind::bounded:
-          gate_rows(raw_gate, [&](float x) { return gate.lower_bound * fast_rcp(1.f + __expf(-gate.rate * x)); });
+        case GateKind::bounded: {
+          const float bound_log2 = gate.lower_bound * kLog2e;
+          gate_rows(raw_gate, [&](float x) { return bound_log2 * fast_rcp(1.f + exp2_ftz(x * neg_rate_log2)); });
           break;
-        default: gate_rows(raw_gate, [](float x) { return x; });
+        }
+        default: gate_rows(raw_gate, [](float x) { return x * kLog2e; });
       }
     };
     if (p.in.gate_dtype == DType::f32) {
@@ -191,23 +201,45 @@ __global__ void __launch_bounds__(kPrepareThreads)
     for (int r = 0; r < kChunk; ++r) Y[r] = sm.beta[r] * Io::to_f32(sm.v[r][tid]);
   }
 
-  // ---- norms: kChunk / kPrepareWarps rows per warp ----
+  // ---- norms: the squared norms of the warp's rows of q and k, each lane summing K / 32
+  // adjacent channels (one 4- or 8-byte load per row), then reduced all together ----
+  {
+    constexpr int kNormRows = kChunk / kPrepareWarps;
+    constexpr int kPerLane = K / 32;
+    static_assert(kPerLane == 2 || kPerLane == 4);
+    const auto squares = [&](const std::uint16_t* row) {
+      std::uint32_t w[kPerLane / 2];
+      if constexpr (kPerLane == 4) {
+        const uint2 pair = *reinterpret_cast<const uint2*>(row + 4 * lane);
+        w[0] = pair.x;
+        w[1] = pair.y;
+      } else {
+        w[0] = *reinterpret_cast<const std::uint32_t*>(row + 2 * lane);
+      }
+      float sum = 0.f;
 #pragma unroll
-  for (int rr = 0; rr < kChunk / kPrepareWarps; ++rr) {
-    const int r = warp * (kChunk / kPrepareWarps) + rr;
-    float qq = 0.f, kk = 0.f;
+      for (int i = 0; i < kPerLane / 2; ++i) {
+        const float lo = Io::to_f32(static_cast<std::uint16_t>(w[i] & 0xffffu));
+        const float hi = Io::to_f32(static_cast<std::uint16_t>(w[i] >> 16));
+        sum += lo * lo + hi * hi;
+      }
+      return sum;
+    };
+    float sums[2 * kNormRows];  // q's rows, then k's
 #pragma unroll
-    for (int i = lane; i < K; i += 32) {
-      const float qx = Io::to_f32(sm.q[r][i]);
-      const float kx = Io::to_f32(sm.k[r][i]);
-      qq += qx * qx;
-      kk += kx * kx;
+    for (int rr = 0; rr < kNormRows; ++rr) {
+      sums[rr] = squares(sm.q[warp * kNormRows + rr]);
+      sums[kNormRows + rr] = squares(sm.k[warp * kNormRows + rr]);
     }
-    qq = detail::warp_sum(qq);
-    kk = detail::warp_sum(kk);
-    if (lane == 0) {
-      sm.q_scale[r] = (p.in.use_qk_l2norm ? rsqrtf(qq + 1e-6f) : 1.f) * p.in.scale;
-      sm.k_scale[r] = p.in.use_qk_l2norm ? rsqrtf(kk + 1e-6f) : 1.f;
+    const float sum = detail::warp_sums(sums);
+    const int which = detail::warp_sums_index<2 * kNormRows>(lane);
+    static_assert(2 * kNormRows == 8, "8 sums: lanes 4m .. 4m + 3 hold the same one");
+    if (lane % 4 == 0) {
+      const int r = warp * kNormRows + which % kNormRows;
+      if (which < kNormRows)
+        sm.q_scale[r] = (p.in.use_qk_l2norm ? rsqrtf(sum + 1e-6f) : 1.f) * p.in.scale;
+      else
+        sm.k_scale[r] = p.in.use_qk_l2norm ? rsqrtf(sum + 1e-6f) : 1.f;
     }
   }
   __syncthreads();  // norms known; the raw gates are consumed (G reuses their memory)
@@ -238,7 +270,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
         const float q = Io::to_f32(sm.q[r][ch]) * sm.q_scale[r];
         const float k = Io::to_f32(sm.k[r][ch]) * sm.k_scale[r];
         const float dc = fminf(fmaxf(G[r] - pivot, -kSpanLimit), kSpanLimit);
-        const float up = exp2f(dc), down = exp2f(-dc);
+        const float up = exp2_ftz(dc), down = exp2_ftz(-dc);  // normal: |dc| <= kSpanLimit < 126
         float decay, to_end;
         decays(G[r], up, down, decay, to_end);
         sm.G[r][ch] = G[r];
