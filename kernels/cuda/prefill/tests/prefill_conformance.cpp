@@ -534,6 +534,29 @@ TEST(PrefillGpu, F16NearItsRoundingFloor) {
       }
       ++seed;
     }
+  // Short softplus sequences whose channels decay slowly, so the final state is mostly the initial
+  // state times its decay: the class of the worst random f16 state (3.2x its floor). Issue 13's 2x
+  // is not met here: the H200 measured out 1.80-1.91x and state 1.89-2.53x on these calls with
+  // either softplus form in the prepare kernel (__logf(1 + e^x) or log1pf: the same errors, so
+  // the gate's rounding is not the cause; NOTES_prefill.md, 2026-12-07). Until the cause is
+  // fixed this guards the class at the worst measured plus 10%.
+  constexpr double kShortSoftplusStateFactor = 2.8;
+  for (std::uint64_t data_seed = 900; data_seed < 904; ++data_seed) {
+    CallPlan s = prefill_spec({63, 160}, 1, 2, 128, 64, DType::f16, DType::f32, GateKind::softplus);
+    s.strong_decay_fraction = 0.05;
+    for (std::int32_t span : {0, 2}) {
+      const Judgement j = run_and_judge(s, data_seed, Launch::split, span);
+      worst.add(s, j, data_seed);
+      EXPECT_TRUE(j.failure.empty()) << j.failure;
+      EXPECT_LE(j.out.rms_ratio, kF16FloorFactor * j.out_floor)
+          << "out " << j.out.rms_ratio << " floor " << j.out_floor << " span " << span << " seed " << data_seed;
+      EXPECT_LE(j.state.rms_ratio, kShortSoftplusStateFactor * j.state_floor)
+          << "state " << j.state.rms_ratio << " floor " << j.state_floor << " span " << span << " seed " << data_seed;
+      std::printf("[f16 floor] short softplus span=%d seed=%llu out %.3e (%.2fx floor %.3e) state %.3e (%.2fx floor %.3e)\n",
+                  span, static_cast<unsigned long long>(data_seed), j.out.rms_ratio, j.out.rms_ratio / j.out_floor,
+                  j.out_floor, j.state.rms_ratio, j.state.rms_ratio / j.state_floor, j.state_floor);
+    }
+  }
 }
 
 // A state beyond f16's range (|S| up to 3e5 in an f32 pool; out stays below 65504) with f16
