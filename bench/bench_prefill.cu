@@ -236,6 +236,16 @@ void BM_CopyCeiling(benchmark::State& state) {
 
 }  // namespace
 
+// Every prefill benchmark's timing: CUDA-event time, ms, the median of 5 repetitions reported.
+void timed_calls(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinWarmUpTime(0.05)
+      ->MinTime(0.1)
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
+}
+
 BENCHMARK(BM_CopyCeiling)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 BENCHMARK(BM_Prefill)
     ->Args({8192, 12, 1})->Args({8192, 24, 1})->Args({8192, 32, 1})->Args({8192, 64, 1})->Args({8192, 96, 1})
@@ -243,39 +253,19 @@ BENCHMARK(BM_Prefill)
     ->Args({131072, 4, 1})->Args({131072, 12, 1})
     ->Args({8192, 12, 2})->Args({8192, 64, 2})->Args({512, 32, 1})
     ->ArgNames({"T", "H", "B"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->Apply(timed_calls);
 BENCHMARK(BM_PrefillF16)
     ->Args({8192, 12, 1})->Args({8192, 64, 1})
     ->ArgNames({"T", "H", "B"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->Apply(timed_calls);
 BENCHMARK(BM_PrefillSoftplus)
     ->Args({8192, 12, 0})->Args({8192, 64, 0})->Args({8192, 12, 1})->Args({8192, 64, 1})
     ->ArgNames({"T", "H", "f16"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->Apply(timed_calls);
 BENCHMARK(BM_PrefillGVA)
     ->Args({8192, 16, 32})
     ->ArgNames({"T", "H", "HV"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->Apply(timed_calls);
 // The span sweep: (T, H, B) shapes from short batched prefills to one long sequence, each at the
 // model's span (-1), unsplit (0) and forced span lengths; the points choose_chunks_per_span is
 // fitted to (bench/NOTES_prefill.md).
@@ -299,10 +289,5 @@ BENCHMARK(BM_PrefillSpan)
 BENCHMARK(BM_PrefillRagged)
     ->ArgsProduct({{12, 64}})
     ->ArgNames({"H"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinWarmUpTime(0.05)
-    ->MinTime(0.1)
-    ->Repetitions(5)
-    ->ReportAggregatesOnly(true);
+    ->Apply(timed_calls);
 BENCHMARK_MAIN();
