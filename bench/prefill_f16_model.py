@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""A rounding model of the f16 prefill: where the final state's error comes from.
+
+The chunked form (kda-math.md) in f64, with f16 roundings at the points where the GPU kernels
+round (prefill_prepare.cuh writes e^G q, e^(G_C - G) k, -W and A in f16; prefill_chain.cuh rounds
+the state to f16 as the products' operand and Vnew before both of its products), each of which can
+be switched on alone, on calls drawn as the conformance generator draws the short softplus class
+(properties/support/problem.cpp: q, v uniform in [-1, 1], L2-normed q and k, raw gate a uniform in
+[-4, 4] with 5% strong tokens at 1000, exp(A_log) in [1, 16], dt log-uniform in [1e-3, 1e-1],
+beta logits in [-3, 3], initial state uniform in [-1, 1]; 63 and 160 tokens, K = 128, V = 64).
+Prints each variant's state and out error over their f16 rounding floors, as prefill_conformance
+reports them (bench/NOTES_prefill.md, v9).
+
+    python3 bench/prefill_f16_model.py [seed]
+"""
+import numpy as np, sys
+K, V, C = 128, 64, 16
+rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+
+
+def r16(x):
+    """x rounded to f16 (nearest even, subnormals kept), back in f64."""
+    return x.astype(np.float16).astype(np.float64)
+
+
+def draw(T, strong=0.05):
+    q = r16(rng.uniform(-1, 1, (T, K))); k = r16(rng.uniform(-1, 1, (T, K))); v = r16(rng.uniform(-1, 1, (T, V)))
+    a = rng.uniform(-4, 4, (T, K)); a[rng.random((T, K)) < strong] = 1000.0; a = r16(a)
+    rate = rng.uniform(1, 16); dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), K)); bias = np.log(np.expm1(dt))
+    x = a + bias; sp = np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+    g = -rate * sp
+    b = r16(rng.uniform(-3, 3, T)); beta = 1 / (1 + np.exp(-b))
+    S0 = rng.uniform(-1, 1, (K, V)).astype(np.float32).astype(np.float64)
+    qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
+    kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
+    return qn, kn, v, g, beta, S0
+
+def exact(qn, kn, v, g, beta, S0):
+    S = S0.copy(); out = []
+    for t in range(len(g)):
+        S = np.exp(g[t])[:, None] * S
+        u = beta[t] * (v[t] - kn[t] @ S)
+        S = S + np.outer(kn[t], u)
+        out.append(qn[t] @ S)
+    return S, np.array(out)
+
+def chunked(qn, kn, v, g, beta, S0, rs=False, rvnew=False, rqg=False, rkd=False, rw=False, ra=False, store16=False):
+    S = S0.copy(); outs = []
+    T = len(g)
+    for c0 in range(0, T, C):
+        c1 = min(T, c0 + C); n = c1 - c0
+        G = np.cumsum(g[c0:c1], 0)
+        Qg = qn[c0:c1] * np.exp(G); Kg = kn[c0:c1] * np.exp(G); Kd = kn[c0:c1] * np.exp(G[-1] - G)
+        L = np.zeros((n, n)); A = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i + 1):
+                e = np.exp(G[i] - G[j])
+                if j < i: L[i, j] = beta[c0 + i] * (kn[c0 + i] * kn[c0 + j] * e).sum()
+                A[i, j] = (qn[c0 + i] * kn[c0 + j] * e).sum()
+        Tm = np.linalg.inv(np.eye(n) + L)
+        W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
+        if rqg: Qg = r16(Qg)
+        if rkd: Kd = r16(Kd)
+        if rw: W = r16(W)
+        if ra: A = r16(A)
+        Sop = r16(S) if rs else S
+        Vn = U - W @ Sop
+        Vop = r16(Vn) if rvnew else Vn
+        outs.append(Qg @ Sop + A @ Vop)
+        S = np.exp(G[-1])[:, None] * S + Kd.T @ Vop
+        if store16: S = r16(S)
+    return S, np.concatenate(outs)
+
+def rel(x, ref):
+    """rms(x - ref) / rms(ref), as the conformance test measures."""
+    return np.sqrt(((x - ref) ** 2).mean() / (ref ** 2).mean())
+variants = {"all (kernel model)": dict(rs=1, rvnew=1, rqg=1, rkd=1, rw=1, ra=1), "S operand only": dict(rs=1),
+            "Vnew only": dict(rvnew=1), "Kd only": dict(rkd=1), "W only": dict(rw=1), "Qg only": dict(rqg=1),
+            "A only": dict(ra=1), "all but S": dict(rvnew=1, rqg=1, rkd=1, rw=1, ra=1),
+            "all but Vnew": dict(rs=1, rqg=1, rkd=1, rw=1, ra=1)}
+# Not the kernels: what storing the state in f16 after every chunk would add, for scale.
+variants["S stored in f16 per chunk"] = dict(rs=1, rvnew=1, rqg=1, rkd=1, rw=1, ra=1, store16=1)
+rows = {k: [] for k in variants}
+for T in (63, 160):
+    for head in range(3):
+        d = draw(T); Se, Oe = exact(*d)
+        fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
+        for name, kw in variants.items():
+            S, O = chunked(*d, **kw)
+            rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
+for name, r in rows.items():
+    r = np.array(r)
+    print(f"{name:22s} state/floor mean {r[:,0].mean():.2f} max {r[:,0].max():.2f}   out/floor mean {r[:,1].mean():.2f} max {r[:,1].max():.2f}")
