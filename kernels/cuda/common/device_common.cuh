@@ -44,7 +44,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // N sums over the warp at once (N a power of two, at most 32): each butterfly step halves the
 // values a lane carries, so N - 1 + log2(32 / N) shuffles instead of 5 N. Returns sum number
-// warp_sums_index<N>(lane) of the N.
+// warp_sums_index<N>(lane) of the N, which the 32 / N neighbouring lanes of an aligned group share.
 template <int N> __device__ __forceinline__ float warp_sums(float (&v)[N]) {
   static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0);
   const int lane = threadIdx.x % 32;

@@ -233,8 +233,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
     }
     const float sum = detail::warp_sums(sums);
     const int which = detail::warp_sums_index<2 * kNormRows>(lane);
-    static_assert(2 * kNormRows == 8, "8 sums: lanes 4m .. 4m + 3 hold the same one");
-    if (lane % 4 == 0) {
+    if (lane % (32 / (2 * kNormRows)) == 0) {  // each sum is held by 32 / N neighbouring lanes
       const int r = warp * kNormRows + which % kNormRows;
       if (which < kNormRows)
         sm.q_scale[r] = (p.in.use_qk_l2norm ? rsqrtf(sum + 1e-6f) : 1.f) * p.in.scale;
