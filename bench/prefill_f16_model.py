@@ -35,6 +35,7 @@ def draw(T, strong=0.05):
     kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
     return qn, kn, v, g, beta, S0
 
+
 def exact(qn, kn, v, g, beta, S0):
     S = S0.copy(); out = []
     for t in range(len(g)):
@@ -44,7 +45,17 @@ def exact(qn, kn, v, g, beta, S0):
         out.append(qn[t] @ S)
     return S, np.array(out)
 
-def chunked(qn, kn, v, g, beta, S0, rs=False, rvnew=False, rqg=False, rkd=False, rw=False, ra=False, store16=False):
+# The points the kernels round to f16: the state as the products' operand ("S"), Vnew, e^G q
+# ("Qg"), e^(G_C - G) k ("Kd"), -W and A; "S stored" is not the kernels: the state itself rounded
+# after every chunk, for scale.
+KERNEL_ROUNDINGS = frozenset({"S", "Vnew", "Qg", "Kd", "W", "A"})
+
+
+def chunked(qn, kn, v, g, beta, S0, rounded):
+    """The chunked form in f64 with f16 roundings at the points named in `rounded`."""
+    def at(point, x):
+        return r16(x) if point in rounded else x
+
     S = S0.copy(); outs = []
     T = len(g)
     for c0 in range(0, T, C):
@@ -59,35 +70,39 @@ def chunked(qn, kn, v, g, beta, S0, rs=False, rvnew=False, rqg=False, rkd=False,
                 A[i, j] = (qn[c0 + i] * kn[c0 + j] * e).sum()
         Tm = np.linalg.inv(np.eye(n) + L)
         W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
-        if rqg: Qg = r16(Qg)
-        if rkd: Kd = r16(Kd)
-        if rw: W = r16(W)
-        if ra: A = r16(A)
-        Sop = r16(S) if rs else S
-        Vn = U - W @ Sop
-        Vop = r16(Vn) if rvnew else Vn
+        Qg, Kd, W, A = at("Qg", Qg), at("Kd", Kd), at("W", W), at("A", A)
+        Sop = at("S", S)
+        Vop = at("Vnew", U - W @ Sop)
         outs.append(Qg @ Sop + A @ Vop)
-        S = np.exp(G[-1])[:, None] * S + Kd.T @ Vop
-        if store16: S = r16(S)
+        S = at("S stored", np.exp(G[-1])[:, None] * S + Kd.T @ Vop)
     return S, np.concatenate(outs)
+
 
 def rel(x, ref):
     """rms(x - ref) / rms(ref), as the conformance test measures."""
     return np.sqrt(((x - ref) ** 2).mean() / (ref ** 2).mean())
-variants = {"all (kernel model)": dict(rs=1, rvnew=1, rqg=1, rkd=1, rw=1, ra=1), "S operand only": dict(rs=1),
-            "Vnew only": dict(rvnew=1), "Kd only": dict(rkd=1), "W only": dict(rw=1), "Qg only": dict(rqg=1),
-            "A only": dict(ra=1), "all but S": dict(rvnew=1, rqg=1, rkd=1, rw=1, ra=1),
-            "all but Vnew": dict(rs=1, rqg=1, rkd=1, rw=1, ra=1)}
-# Not the kernels: what storing the state in f16 after every chunk would add, for scale.
-variants["S stored in f16 per chunk"] = dict(rs=1, rvnew=1, rqg=1, rkd=1, rw=1, ra=1, store16=1)
-rows = {k: [] for k in variants}
-for T in (63, 160):
-    for head in range(3):
-        d = draw(T); Se, Oe = exact(*d)
-        fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
-        for name, kw in variants.items():
-            S, O = chunked(*d, **kw)
-            rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
-for name, r in rows.items():
-    r = np.array(r)
-    print(f"{name:22s} state/floor mean {r[:,0].mean():.2f} max {r[:,0].max():.2f}   out/floor mean {r[:,1].mean():.2f} max {r[:,1].max():.2f}")
+
+
+def main():
+    variants = {"every kernel rounding": KERNEL_ROUNDINGS}
+    variants.update({f"{point} alone": {point} for point in sorted(KERNEL_ROUNDINGS)})
+    variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
+    variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
+    variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
+    rows = {name: [] for name in variants}
+    for T in (63, 160):
+        for _ in range(3):
+            d = draw(T)
+            Se, Oe = exact(*d)
+            fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
+            for name, rounded in variants.items():
+                S, O = chunked(*d, rounded)
+                rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
+    for name, r in rows.items():
+        r = np.array(r)
+        print(f"{name:22s} state/floor mean {r[:, 0].mean():.2f} max {r[:, 0].max():.2f}   "
+              f"out/floor mean {r[:, 1].mean():.2f} max {r[:, 1].max():.2f}")
+
+
+if __name__ == "__main__":
+    main()
