@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kdaguard/contracts/tensor_view.h"
@@ -145,6 +146,26 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 }
 // Lets the next kernel's blocks be scheduled (they still wait for this grid to complete).
 __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// Launches `kernel` as a programmatic dependant of the stream's previous kernel: its blocks may be
+// scheduled once every block of that kernel has called allow_next_grid (or exited), and must call
+// wait_for_prior_grids before touching anything that kernel writes.
+template <class... Params, class... Args>
+cudaError_t launch_after_prior_grid(void (*kernel)(Params...), unsigned blocks, unsigned threads,
+                                    std::size_t shared_bytes, cudaStream_t stream,
+                                    Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+}
 
 __device__ __forceinline__ void raise(unsigned long long* error_word, std::uint64_t bits) {
   if (error_word != nullptr && bits != 0) atomicOr(error_word, static_cast<unsigned long long>(bits));

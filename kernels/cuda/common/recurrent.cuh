@@ -44,6 +44,7 @@ template <int K, int kSteps> struct alignas(16) StepInputs {
   float v[kSteps][kMaxRowsPerBlock];
   float beta[kSteps];
   float kq[kSteps];        // k . q, so o = S' q + u (k . q) needs one reduction pass
+  float q_factor[kSteps];  // what q's input was multiplied by (records_mma.cuh rebuilds q from it)
   std::int64_t dst[kSteps];  // verify: flat scratch slot of the step, -1 = not written
 };
 
@@ -53,6 +54,7 @@ template <int kCh> struct LaneToken {
   float k[kCh], q[kCh], decay[kCh];
   float g[kCh];  // the activated log-space decay: what a record keeps (records/)
   float beta, kq;
+  float q_factor;  // q = q's input x q_factor: its inverse norm (when normalised) times the scale
 };
 
 // The inputs of one token on the kCh key channels a lane owns, as loaded: k and q, the gate
@@ -123,6 +125,7 @@ __device__ __forceinline__ LaneToken<kCh> finish_lane_token(const TokenInputs& i
     kq += t.k[i] * t.q[i];
   }
   t.kq = group_sum<kGroup>(kq);
+  t.q_factor = q_factor;
 
   const float a_exp = raw_gate ? expf(x.a_log) : 0.f;
 #pragma unroll
@@ -202,6 +205,7 @@ __device__ __forceinline__ void store_token(const TokenInputs& in, const LoadedT
   if (lane == 0) {
     sm.beta[step] = t.beta;
     sm.kq[step] = t.kq;
+    sm.q_factor[step] = t.q_factor;
   }
 }
 

@@ -340,17 +340,8 @@ cudaError_t launch_decode_tile(const DecodeParams& p, GuardState guard, int chun
   if (chunks_per_block <= 0 && resident > 0 && blocks < resident)
     blocks = std::min<std::int64_t>(resident, (chunks + kDecodeWarps - 1) / kDecodeWarps);
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kDecodeThreads);
-  config.dynamicSmemBytes = kSharedBytes<IO>;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, p, guard);
+  return launch_after_prior_grid(kernel, static_cast<unsigned>(blocks), kDecodeThreads,
+                                 kSharedBytes<IO>, stream, p, guard);
 }
 
 }  // namespace kdaguard::gpu::detail

@@ -8,9 +8,9 @@
 //   - runs the new draft's steps as verify does (record_verify, accept_verify), writing the outputs
 //     and, per step, the record g | k | u instead of the state: the first slice's block writes g and
 //     k (every block of a head prepares the same token), each block u of its own rows.
-// f32 state pools with drafts of at most kRecordStepBatch tokens go to records_mma.cuh instead
+// Drafts of at most kRecordStepBatch tokens on f32 state pools go to records_mma.cuh instead
 // (tensor cores, the draft in closed form); this kernel takes bf16 state, whose draft must round
-// the state after every step, and f32 calls with longer drafts.
+// the state after every step, f32 calls with longer drafts, and every replay_commit.
 #pragma once
 
 #include <climits>
@@ -57,6 +57,9 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   using Tile = RowTile<ST, K>;
   __shared__ std::conditional_t<kReplay, ReplaySteps<K>, NoShared> replay_sm;
   __shared__ std::conditional_t<kDraft, StepInputs<K, kRecordStepBatch>, NoShared> draft_sm;
+  // Launched as the programmatic dependant of the stream's previous kernel (launch_records_tile).
+  wait_for_prior_grids();
+  allow_next_grid();
 
   const RecordPool pool = pool_of(p);
   const BlockCoords bc = block_coords(pool.HV, slices);
@@ -204,26 +207,28 @@ cudaError_t launch_records_tile(const Params& p, GuardState guard, int chunks_pe
   const std::int64_t blocks = static_cast<std::int64_t>(pool.rows) * pool.HV * slices;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  // f32 state fits only with drafts this kernel never gets (launch_records_for_state).
+  // f32 state drafts only past one batch here (launch_records_for_state); its replay_commit takes
+  // the batched form, which ptxas gives no spill.
   if constexpr (!std::is_same_v<ST, float>) {
-    if (replay_bound(p) <= kRecordStepBatch && draft_bound(p) <= kRecordStepBatch) {
-      records_kernel<Params, IO, ST, K, true>
-          <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard, slices, chunks);
-      return cudaGetLastError();
-    }
+    if (replay_bound(p) <= kRecordStepBatch && draft_bound(p) <= kRecordStepBatch)
+      return launch_after_prior_grid(records_kernel<Params, IO, ST, K, true>,
+                                     static_cast<unsigned>(blocks), kRowThreads, 0, stream, p,
+                                     guard, slices, chunks);
   }
-  records_kernel<Params, IO, ST, K, false>
-      <<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(p, guard, slices, chunks);
-  return cudaGetLastError();
+  return launch_after_prior_grid(records_kernel<Params, IO, ST, K, false>,
+                                 static_cast<unsigned>(blocks), kRowThreads, 0, stream, p, guard,
+                                 slices, chunks);
 }
 
-// The call to its kernel for state element type ST: f32 state with drafts of at most
-// kRecordStepBatch tokens to the tensor-core kernel (records_mma.cu; it takes a whole head per
-// block, so chunks_per_block does not apply), everything else to the step form here.
+// The call to its kernels for state element type ST: f32 state with drafts of at most
+// kRecordStepBatch tokens to the tensor-core kernels (records_mma.cu; they take a whole head per
+// block, so chunks_per_block does not apply), everything else to the step form here. f32
+// replay_commit stays here: on verify's row tiles, four blocks per SM, it keeps more of the state
+// in flight than a whole head per block at two.
 template <class ST, class Params>
 cudaError_t launch_records_for_state(const Params& p, GuardState guard, int chunks_per_block,
                                      cudaStream_t stream) {
-  if constexpr (std::is_same_v<ST, float>) {
+  if constexpr (std::is_same_v<ST, float> && kDrafts<Params>) {
     if (pool_of(p).rows > 0 && draft_bound(p) <= kRecordStepBatch)
       return launch_records_mma(p, guard, stream);
   }

@@ -16,10 +16,9 @@ template <class ST, class Params>
 cudaError_t launch_records_for_state(const Params& p, GuardState guard, int chunks_per_block,
                                      cudaStream_t stream);
 
-// The f32-state tensor-core kernel (records_mma.cuh, records_mma.cu) for calls with rows whose
-// drafts are at most kRecordStepBatch tokens; launch_records_for_state<float> sends them there.
+// The f32-state tensor-core kernels (records_mma.cuh, records_mma.cu) for drafting calls with rows
+// whose drafts are at most kRecordStepBatch tokens; launch_records_for_state<float> sends them there.
 cudaError_t launch_records_mma(const RecordVerifyParams& p, GuardState guard, cudaStream_t stream);
-cudaError_t launch_records_mma(const ReplayCommitParams& p, GuardState guard, cudaStream_t stream);
 cudaError_t launch_records_mma(const AcceptVerifyParams& p, GuardState guard, cudaStream_t stream);
 
 }  // namespace kdaguard::gpu::detail

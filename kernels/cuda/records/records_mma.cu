@@ -1,4 +1,4 @@
-// The f32-state tensor-core record kernels (records_mma.cuh): every (entry point, IO dtype, K).
+// The f32-state tensor-core record kernels (records_mma.cuh): every (drafting entry point, IO dtype, K).
 #include "records/records_launch.h"
 #include "records/records_mma.cuh"
 
@@ -15,9 +15,6 @@ cudaError_t launch_mma(const Params& p, GuardState guard, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_records_mma(const RecordVerifyParams& p, GuardState guard, cudaStream_t stream) {
-  return launch_mma(p, guard, stream);
-}
-cudaError_t launch_records_mma(const ReplayCommitParams& p, GuardState guard, cudaStream_t stream) {
   return launch_mma(p, guard, stream);
 }
 cudaError_t launch_records_mma(const AcceptVerifyParams& p, GuardState guard, cudaStream_t stream) {

@@ -1,8 +1,11 @@
-// The record kernel for f32 state pools and drafts of at most kRecordStepBatch tokens (the usual
-// speculative step), on tensor cores: the same three entry points as records_kernel.cuh, with the
-// draft in closed form. A block owns one (row n, value head hv), every state row of it: each of its
-// 8 warps a tile of 16 rows, which it loads once, replays the recorded steps onto (replay_commit,
-// accept_verify), writes back when it replayed any, and drafts from (record_verify, accept_verify).
+// The record kernels for f32 state pools and drafts of at most kRecordStepBatch tokens (the usual
+// speculative step), on tensor cores: record_verify and accept_verify with the draft in closed
+// form (replay_commit has no draft and runs the step form, records_kernel.cuh). Two kernels per
+// call: the token kernel (record_tokens_kernel) prepares the draft's tokens, writes their records'
+// g and k, and hands the head's scalars over in the records' u parts; then a block per (row n,
+// value head hv) owns every state row of the head, each of its 8 warps a tile of 16 rows, which it
+// loads once, replays the recorded steps onto (accept_verify), writes back when it replayed any,
+// and drafts from.
 //
 // The closed form. With d_t = exp(g_t) per key channel, P_t = d_0 ... d_t and
 // R_jt = d_(j+1) ... d_t (j < t), the step form
@@ -53,9 +56,10 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The head's side of the closed form for drafts of at most 4 kN tokens: the product's right-hand
-// matrix X (column t: P_t k_t, column 4 kN + t: P_t q_t; zero past the draft), split in TF32
-// halves and stored by column, and the pair sums A and B.
+// The head's side of the closed form for drafts of at most kSteps = 4 kN tokens, as the tensor-core
+// kernel holds it: the product's right-hand matrix X (column t: P_t k_t, column kSteps + t:
+// P_t q_t; zero past the draft), split in TF32 halves and stored by column, the pair sums A and B,
+// and per token beta, k . q, q's factor and v of the head's rows.
 template <int K, int kN> struct alignas(16) MmaDraft {
   static constexpr int kSteps = 4 * kN;
   static constexpr int kCols = 8 * kN;
@@ -64,72 +68,101 @@ template <int K, int kN> struct alignas(16) MmaDraft {
   static constexpr int kPitch = K + 16;
   std::uint32_t x_hi[kCols][kPitch];
   std::uint32_t x_lo[kCols][kPitch];
-  float A[kRecordStepBatch][kRecordStepBatch];
-  float B[kRecordStepBatch][kRecordStepBatch];
+  float A[kSteps][kSteps];
+  float B[kSteps][kSteps];
+  float beta[kSteps], kq[kSteps], q_factor[kSteps];
+  float v[kSteps][kMaxRowsPerBlock];
 };
 
-// Fills the draft's head side from its prepared tokens (steps <= 4 kN); every thread of the block
-// calls it; the caller synchronises the block before and after.
-template <int K, int kN>
-__device__ __forceinline__ void prepare_mma_draft(const StepInputs<K, kRecordStepBatch>& sm,
-                                                  int steps, MmaDraft<K, kN>& x) {
-  using Draft = MmaDraft<K, kN>;
-  auto put = [&](int col, int c, float value) {
-    const std::uint32_t hi = tf32_round(value);
-    x.x_hi[col][c] = hi;
-    x.x_lo[col][c] = tf32_round(value - __uint_as_float(hi));
-  };
-  for (int c = threadIdx.x; c < K; c += blockDim.x) {
-    float P = 1.f;
-#pragma unroll
-    for (int t = 0; t < Draft::kSteps; ++t) {
-      float kt = 0.f, qt = 0.f;
-      if (t < steps) {
-        P *= sm.decay[t][c];
-        kt = P * sm.k[t][c];
-        qt = P * sm.q[t][c];
-      }
-      put(t, c, kt);
-      put(Draft::kSteps + t, c, qt);
-    }
-  }
-  // Pairs (j, t), j < t: a warp per j, walking t upwards so R_jt grows by one factor per t; each
-  // entry is a sum over the K channels, lane + 32 i per lane.
+// What the token kernel hands the tensor-core kernel for draft token t, in the u part of token t's
+// own record (V >= 64 floats), which the tensor-core kernel reads before its sweep writes u there:
+// row t of A and of B, beta_t, k_t . q_t and q_t's factor.
+template <int kSteps> struct HeadSideHandoff {
+  static constexpr int kA = 0, kB = kSteps, kBeta = 2 * kSteps, kKq = kBeta + 1;
+  static constexpr int kQFactor = kKq + 1;
+  static constexpr int kFloats = kQFactor + 1;
+  static_assert(kFloats <= 64);
+};
+
+// The draft's token work, run before the tensor-core kernel: a block per (row n, value head hv), a
+// warp per draft token t. Each warp prepares its token (norms, gate, beta, k . q) and writes the
+// token's record g | k; then, once every token is prepared, its pair sums A[t][j] = k_j . (R_jt k_t)
+// and B[t][j] = k_j . (R_jt q_t) for j < t, walking j downwards so that R_jt gains one factor per j,
+// and its handoff. Done inside the tensor-core kernel, this work kept that kernel's other warps and
+// its 64 KB of state waiting, two blocks per SM (bench/NOTES.md, 2026-12-07).
+template <class Params, class IO, int K, int kN>
+__global__ void __launch_bounds__(128 * kN)
+    record_tokens_kernel(const Params p, const GuardState guard) {
+  constexpr int kSteps = 4 * kN;
   constexpr int kPerLane = K / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = warp; j + 1 < steps; j += blockDim.x / 32) {
-    float r[kPerLane], kj[kPerLane];
+  using Handoff = HeadSideHandoff<kSteps>;
+  static_assert(kSteps <= 32);
+  __shared__ StepInputs<K, kSteps> tokens;
+  wait_for_prior_grids();
+  allow_next_grid();  // the tensor-core kernel's blocks wait for this grid before reading
+
+  const RecordPool pool = pool_of(p);
+  const BlockCoords bc = block_coords(pool.HV, 1);
+  // The tensor-core kernel raises the row's faults and zeroes a padding row's outputs; a row it
+  // skips gets no record here either.
+  const RecordRow row = begin_record_row<Params, IO>(p, guard, pool, bc.n, bc.hv, false, 0, 0);
+  if (!row.run || row.length == 0 || row.length > kSteps) return;
+
+  const RecordVerifyParams& d = draft_of(p);
+  const int t = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* record = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride +
+                  t * d.records.step_stride;
+  if (t < row.length)
+    store_token<K, kSteps>(d.in, load_token<IO, K>(d.in, bc.hv, row.first_token + t, 0, 0, lane),
+                           lane, t, tokens, record);
+  __syncthreads();
+  if (t >= row.length) return;
+  float r[kPerLane], kt[kPerLane], qt[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    r[i] = 1.f;
+    kt[i] = tokens.k[t][lane + 32 * i];
+    qt[i] = tokens.q[t][lane + 32 * i];
+  }
+  float a_of_lane = 0.f, b_of_lane = 0.f;  // lane j: A[t][j], B[t][j]; zero for j >= t
+  for (int j = t - 1; j >= 0; --j) {
+    float a = 0.f, b = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      r[i] = 1.f;
-      kj[i] = sm.k[j][lane + 32 * i];
+      const int c = lane + 32 * i;
+      r[i] *= tokens.decay[j + 1][c];
+      const float v = tokens.k[j][c] * r[i];
+      a += v * kt[i];
+      b += v * qt[i];
     }
-    for (int t = j + 1; t < steps; ++t) {
-      float a = 0.f, b = 0.f;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int c = lane + 32 * i;
-        r[i] *= sm.decay[t][c];
-        const float v = kj[i] * r[i];
-        a += v * sm.k[t][c];
-        b += v * sm.q[t][c];
-      }
-      a = group_sum<32>(a);
-      b = group_sum<32>(b);
-      if (lane == 0) {
-        x.A[t][j] = a;
-        x.B[t][j] = b;
-      }
+    a = group_sum<32>(a);
+    b = group_sum<32>(b);
+    if (lane == j) {
+      a_of_lane = a;
+      b_of_lane = b;
     }
+  }
+  float* handoff = record + 2 * K;
+  if (lane < kSteps) {
+    handoff[Handoff::kA + lane] = a_of_lane;
+    handoff[Handoff::kB + lane] = b_of_lane;
+  } else if (lane == Handoff::kBeta) {
+    handoff[lane] = tokens.beta[t];
+  } else if (lane == Handoff::kKq) {
+    handoff[lane] = tokens.kq[t];
+  } else if (lane == Handoff::kQFactor) {
+    handoff[lane] = tokens.q_factor[t];
   }
 }
 
 template <class Params, class IO, int K, int kN>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     records_mma_kernel(const Params p, const GuardState guard) {
+  static_assert(kDrafts<Params>, "replay_commit runs the step form (records_kernel.cuh)");
+  static_assert(2 * K <= kMmaThreads);
   constexpr bool kReplay = kReplays<Params>;
-  constexpr bool kDraft = kDrafts<Params>;
   using Draft = MmaDraft<K, kN>;
+  using Handoff = HeadSideHandoff<Draft::kSteps>;
   constexpr int kVecs = K / 16;  // 4-channel vectors per thread and state row
   // The replayed steps, and after them (past a barrier) each warp's tile of dot products.
   union ReplayOrTiles {
@@ -137,9 +170,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     float tiles[kMmaWarps][16][Draft::kCols];
   };
   __shared__ ReplayOrTiles shared;
-  __shared__ std::conditional_t<kDraft, StepInputs<K, kRecordStepBatch>, NoShared> tokens;
-  __shared__ std::conditional_t<kDraft, Draft, NoShared> draft;
+  __shared__ Draft draft;
 
+  allow_next_grid();  // the next kernel's blocks wait for this grid before their first access
   const RecordPool pool = pool_of(p);
   const BlockCoords bc = block_coords(pool.HV, 1);
   const RecordRow row =
@@ -163,16 +196,40 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   };
   const bool row_in[2] = {tile_row0 + g < V, tile_row0 + g + 8 < V};
 
-  // The small loads first, a warp per draft token and per replayed step of the first batch: issued
-  // after the state's 64 KB they waited behind it, and the whole block with them.
-  float* draft_records = nullptr;
-  [[maybe_unused]] LoadedToken<K> token;
-  if constexpr (kDraft) {
-    if (row.length > 0) {
-      const RecordVerifyParams& d = draft_of(p);
-      draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
-      if (warp < row.length)
-        token = load_token<IO, K>(d.in, bc.hv, row.first_token + warp, 0, kMaxRowsPerBlock, lane);
+  // The small loads first: issued after the state's 64 KB they waited behind it, and the whole
+  // block with them. Per draft token a warp loads its v and its handoff; thread side * K + c (side
+  // 0: k, 1: q) the channel's g and k, or g and q's input, of every token; per replayed step of
+  // the first batch a warp loads its record.
+  const RecordVerifyParams& d = draft_of(p);
+  float* draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
+  const int side = threadIdx.x / K, channel = threadIdx.x % K;
+  float v_in[kMaxRowsPerBlock / 32], handoff_in = 0.f;
+  float g_in[Draft::kSteps], x_in[Draft::kSteps];
+  if (row.length > 0) {
+    wait_for_prior_grids();  // the token kernel's records and handoff
+    if (warp < row.length) {
+      const std::int64_t token = row.first_token + warp;
+      const IO* vp =
+          static_cast<const IO*>(d.in.v.data) + token * d.in.v.token_stride + bc.hv * d.in.v.head_stride;
+#pragma unroll
+      for (int i = 0; i < kMaxRowsPerBlock / 32; ++i)
+        v_in[i] = lane + 32 * i < V ? to_f32(vp[lane + 32 * i]) : 0.f;
+      if (lane < Handoff::kFloats)
+        handoff_in = draft_records[warp * d.records.step_stride + 2 * K + lane];
+    }
+    if (side < 2) {
+      const int h = bc.hv / (d.in.HV / d.in.H);
+      const IO* qp = static_cast<const IO*>(d.in.q.data) + row.first_token * d.in.q.token_stride +
+                     h * d.in.q.head_stride + channel;
+#pragma unroll
+      for (int t = 0; t < Draft::kSteps; ++t) {
+        g_in[t] = x_in[t] = 0.f;
+        if (t < row.length) {
+          const float* record = draft_records + t * d.records.step_stride;
+          g_in[t] = record[channel];
+          x_in[t] = side == 0 ? record[K + channel] : to_f32(qp[t * d.in.q.token_stride]);
+        }
+      }
     }
   }
   const float* replay_records = nullptr;
@@ -199,16 +256,35 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                               &s[r][4 * i]);
     }
 
-  // The draft's tokens and the head side, while the state loads are in flight.
-  if constexpr (kDraft) {
-    if (row.length > 0) {
-      if (warp < row.length)
-        store_token<K, kRecordStepBatch>(draft_of(p).in, token, lane, warp, tokens,
-                                         draft_records + warp * draft_of(p).records.step_stride);
-      __syncthreads();
-      prepare_mma_draft<K, kN>(tokens, row.length, draft);
-      __syncthreads();
+  // The head side, while the state loads are in flight: the handed-over scalars and v, then X
+  // from the records' g and k and q's input times its factor, the same operations as the token
+  // preparation's, so X is bit for bit what a block preparing its own tokens would hold.
+  if (row.length > 0) {
+    if (warp < row.length) {
+#pragma unroll
+      for (int i = 0; i < kMaxRowsPerBlock / 32; ++i) draft.v[warp][lane + 32 * i] = v_in[i];
+      if (lane < Handoff::kB) draft.A[warp][lane - Handoff::kA] = handoff_in;
+      else if (lane < Handoff::kBeta) draft.B[warp][lane - Handoff::kB] = handoff_in;
+      else if (lane == Handoff::kBeta) draft.beta[warp] = handoff_in;
+      else if (lane == Handoff::kKq) draft.kq[warp] = handoff_in;
+      else if (lane == Handoff::kQFactor) draft.q_factor[warp] = handoff_in;
     }
+    __syncthreads();
+    if (side < 2) {
+      float P = 1.f;
+#pragma unroll
+      for (int t = 0; t < Draft::kSteps; ++t) {
+        float x = 0.f;
+        if (t < row.length) {
+          P *= expf(g_in[t]);
+          x = P * (side == 0 ? x_in[t] : x_in[t] * draft.q_factor[t]);
+        }
+        const std::uint32_t hi = tf32_round(x);
+        draft.x_hi[side * Draft::kSteps + t][channel] = hi;
+        draft.x_lo[side * Draft::kSteps + t][channel] = tf32_round(x - __uint_as_float(hi));
+      }
+    }
+    __syncthreads();
   }
 
   if constexpr (kReplay) {
@@ -252,80 +328,91 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     }
   }
 
-  if constexpr (kDraft) {
-    if (row.length == 0) return;
-    // The tile's dot products: 16 rows x 8 kN columns, k over the thread's channel order.
-    float hi_hi[kN][4] = {}, lo_hi[kN][4] = {}, hi_lo[kN][4] = {};
+  if (row.length == 0) return;
+  // The tile's dot products: 16 rows x 8 kN columns, k over the thread's channel order.
+  float hi_hi[kN][4] = {}, lo_hi[kN][4] = {}, hi_lo[kN][4] = {};
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      std::uint32_t a_hi[2][4], a_lo[2][4];
+  for (int i = 0; i < kVecs; ++i) {
+    std::uint32_t a_hi[2][4], a_lo[2][4];
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          a_hi[r][j] = tf32_round(s[r][4 * i + j]);
-          // The low half goes in untruncated: the MMA reads its top 19 bits.
-          a_lo[r][j] = __float_as_uint(s[r][4 * i + j] - __uint_as_float(a_hi[r][j]));
-        }
+      for (int j = 0; j < 4; ++j) {
+        a_hi[r][j] = tf32_round(s[r][4 * i + j]);
+        // The low half goes in untruncated: the MMA reads its top 19 bits.
+        a_lo[r][j] = __float_as_uint(s[r][4 * i + j] - __uint_as_float(a_hi[r][j]));
+      }
 #pragma unroll
-      for (int nt = 0; nt < kN; ++nt) {
-        const uint4 bh =
-            *reinterpret_cast<const uint4*>(&draft.x_hi[8 * nt + g][16 * i + 4 * quad_lane]);
-        const uint4 bl =
-            *reinterpret_cast<const uint4*>(&draft.x_lo[8 * nt + g][16 * i + 4 * quad_lane]);
+    for (int nt = 0; nt < kN; ++nt) {
+      const uint4 bh =
+          *reinterpret_cast<const uint4*>(&draft.x_hi[8 * nt + g][16 * i + 4 * quad_lane]);
+      const uint4 bl =
+          *reinterpret_cast<const uint4*>(&draft.x_lo[8 * nt + g][16 * i + 4 * quad_lane]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          // k index kk of this MMA is channel 16 i + 4 (kk % 4) + 2 h + kk / 4.
-          const std::uint32_t ah[4] = {a_hi[0][2 * h], a_hi[1][2 * h], a_hi[0][2 * h + 1],
-                                       a_hi[1][2 * h + 1]};
-          const std::uint32_t al[4] = {a_lo[0][2 * h], a_lo[1][2 * h], a_lo[0][2 * h + 1],
-                                       a_lo[1][2 * h + 1]};
-          const std::uint32_t bh0 = h == 0 ? bh.x : bh.z, bh1 = h == 0 ? bh.y : bh.w;
-          const std::uint32_t bl0 = h == 0 ? bl.x : bl.z, bl1 = h == 0 ? bl.y : bl.w;
-          mma_tf32(hi_hi[nt], ah, bh0, bh1);
-          mma_tf32(lo_hi[nt], al, bh0, bh1);
-          mma_tf32(hi_lo[nt], ah, bl0, bl1);
-        }
+      for (int h = 0; h < 2; ++h) {
+        // k index kk of this MMA is channel 16 i + 4 (kk % 4) + 2 h + kk / 4.
+        const std::uint32_t ah[4] = {a_hi[0][2 * h], a_hi[1][2 * h], a_hi[0][2 * h + 1],
+                                     a_hi[1][2 * h + 1]};
+        const std::uint32_t al[4] = {a_lo[0][2 * h], a_lo[1][2 * h], a_lo[0][2 * h + 1],
+                                     a_lo[1][2 * h + 1]};
+        const std::uint32_t bh0 = h == 0 ? bh.x : bh.z, bh1 = h == 0 ? bh.y : bh.w;
+        const std::uint32_t bl0 = h == 0 ? bl.x : bl.z, bl1 = h == 0 ? bl.y : bl.w;
+        mma_tf32(hi_hi[nt], ah, bh0, bh1);
+        mma_tf32(lo_hi[nt], al, bh0, bh1);
+        mma_tf32(hi_lo[nt], ah, bl0, bl1);
       }
     }
-    float(&tile)[16][Draft::kCols] = shared.tiles[warp];
+  }
+  float(&tile)[16][Draft::kCols] = shared.tiles[warp];
 #pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
+  for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        tile[g + 8 * (e / 2)][8 * nt + 2 * quad_lane + e % 2] =
-            hi_hi[nt][e] + (lo_hi[nt][e] + hi_lo[nt][e]);
-    __syncwarp();
+    for (int e = 0; e < 4; ++e)
+      tile[g + 8 * (e / 2)][8 * nt + 2 * quad_lane + e % 2] =
+          hi_hi[nt][e] + (lo_hi[nt][e] + hi_lo[nt][e]);
+  __syncwarp();
 
-    // The sweep: two lanes per row, each storing every other step's output and record.
-    const RecordVerifyParams& d = draft_of(p);
-    const int local = lane / 2, parity = lane % 2;
-    const int at = tile_row0 + local;
-    if (at >= V) return;
-    float* records_u = draft_records + 2 * K;
-    float u[Draft::kSteps];
+  // The sweep: two lanes per row, each storing every other step's output and record u (over the
+  // handoff, read above).
+  const int local = lane / 2, parity = lane % 2;
+  const int at = tile_row0 + local;
+  if (at >= V) return;
+  float* records_u = draft_records + 2 * K;
+  float u[Draft::kSteps];
 #pragma unroll
-    for (int t = 0; t < Draft::kSteps; ++t) {
-      u[t] = 0.f;
-      if (t < row.length) {
-        float sk = tile[local][t];
+  for (int t = 0; t < Draft::kSteps; ++t) {
+    u[t] = 0.f;
+    if (t < row.length) {
+      float sk = tile[local][t];
 #pragma unroll
-        for (int j = 0; j < t; ++j) sk += draft.A[t][j] * u[j];
-        u[t] = tokens.beta[t] * (tokens.v[t][at] - sk);
-        float o = tile[local][Draft::kSteps + t];
+      for (int j = 0; j < t; ++j) sk += draft.A[t][j] * u[j];
+      u[t] = draft.beta[t] * (draft.v[t][at] - sk);
+      float o = tile[local][Draft::kSteps + t];
 #pragma unroll
-        for (int j = 0; j < t; ++j) o += draft.B[t][j] * u[j];
-        o += u[t] * tokens.kq[t];
-        if (t % 2 == parity) {
-          store_out<IO>(d.out, row.first_token + t, bc.hv, at, o);
-          records_u[t * d.records.step_stride + at] = u[t];
-        }
+      for (int j = 0; j < t; ++j) o += draft.B[t][j] * u[j];
+      o += u[t] * draft.kq[t];
+      if (t % 2 == parity) {
+        store_out<IO>(d.out, row.first_token + t, bc.hv, at, o);
+        records_u[t * d.records.step_stride + at] = u[t];
       }
     }
   }
 }
 
-// Launches the kernel for a call whose rows draft at most kRecordStepBatch tokens; rows > 0.
+// Launches the token kernel, then the tensor-core kernel, each as the programmatic dependant of the
+// kernel before it, for drafts of at most 4 kN tokens.
+template <class Params, class IO, int K, int kN>
+cudaError_t launch_draft_kernels(const Params& p, GuardState guard, unsigned grid,
+                                 cudaStream_t stream) {
+  if (const cudaError_t e = launch_after_prior_grid(record_tokens_kernel<Params, IO, K, kN>, grid,
+                                                    128 * kN, 0, stream, p, guard);
+      e != cudaSuccess)
+    return e;
+  return launch_after_prior_grid(records_mma_kernel<Params, IO, K, kN>, grid, kMmaThreads, 0,
+                                 stream, p, guard);
+}
+
+// Launches the kernels for a call whose rows draft at most kRecordStepBatch tokens; rows > 0.
 template <class Params, class IO, int K>
 cudaError_t launch_records_mma_tile(const Params& p, GuardState guard, cudaStream_t stream) {
   const RecordPool pool = pool_of(p);
@@ -333,11 +420,8 @@ cudaError_t launch_records_mma_tile(const Params& p, GuardState guard, cudaStrea
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   const auto grid = static_cast<unsigned>(blocks);
-  if (!kDrafts<Params> || draft_bound(p) <= 4)
-    records_mma_kernel<Params, IO, K, 1><<<grid, kMmaThreads, 0, stream>>>(p, guard);
-  else if constexpr (kDrafts<Params>)
-    records_mma_kernel<Params, IO, K, 2><<<grid, kMmaThreads, 0, stream>>>(p, guard);
-  return cudaGetLastError();
+  if (draft_bound(p) <= 4) return launch_draft_kernels<Params, IO, K, 1>(p, guard, grid, stream);
+  return launch_draft_kernels<Params, IO, K, 2>(p, guard, grid, stream);
 }
 
 }  // namespace kdaguard::gpu::detail
