@@ -44,7 +44,6 @@ template <int K, int kSteps> struct alignas(16) StepInputs {
   float v[kSteps][kMaxRowsPerBlock];
   float beta[kSteps];
   float kq[kSteps];        // k . q, so o = S' q + u (k . q) needs one reduction pass
-  float q_factor[kSteps];  // what q's input was multiplied by (records_mma.cuh rebuilds q from it)
   std::int64_t dst[kSteps];  // verify: flat scratch slot of the step, -1 = not written
 };
 
@@ -205,7 +204,6 @@ __device__ __forceinline__ void store_token(const TokenInputs& in, const LoadedT
   if (lane == 0) {
     sm.beta[step] = t.beta;
     sm.kq[step] = t.kq;
-    sm.q_factor[step] = t.q_factor;
   }
 }
 

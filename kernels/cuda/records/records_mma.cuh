@@ -3,9 +3,9 @@
 // form (replay_commit has no draft and runs the step form, records_kernel.cuh). Two kernels per
 // call: the token kernel (record_tokens_kernel) prepares the draft's tokens, writes their records'
 // g and k, and hands the head's scalars over in the records' u parts; then a block per (row n,
-// value head hv) owns every state row of the head, each of its 8 warps a tile of 16 rows, which it
-// loads once, replays the recorded steps onto (accept_verify), writes back when it replayed any,
-// and drafts from.
+// value head hv, 64 state rows) holds its rows, each of its 4 warps a tile of 16, which it loads
+// once, replays the recorded steps onto (accept_verify), writes back when it replayed any, and
+// drafts from.
 //
 // The closed form. With d_t = exp(g_t) per key channel, P_t = d_0 ... d_t and
 // R_jt = d_(j+1) ... d_t (j < t), the step form
@@ -15,7 +15,8 @@
 //     u_t = beta_t (v_t - S (P_t k_t) - sum_(j<t) A[t][j] u_j),   A[t][j] = k_j . (R_jt k_t)
 //     o_t = S (P_t q_t) + sum_(j<t) B[t][j] u_j + (k_t . q_t) u_t,   B[t][j] = k_j . (R_jt q_t)
 // (products taken channel by channel). P_t k_t, P_t q_t, A and B are the same for every state row
-// of the head, so the block computes them once; then every row needs the 2L dot products
+// of the head, so A and B are formed once per head (the token kernel) and X = [P_t k_t, P_t q_t]
+// once per block; then every row needs the 2L dot products
 // S [P_0 k_0 .. P_(L-1) k_(L-1), P_0 q_0 .. P_(L-1) q_(L-1)] and an L x L triangular sweep over
 // scalars. The dot products of a tile are one matrix product (16 x K by K x 8 or 16), taken with
 // mma.sync in TF32 split in three (x = hi + lo, hi the TF32 rounding of x: hi hi + lo hi + hi lo,
@@ -36,10 +37,11 @@
 
 namespace kdaguard::gpu::detail {
 
-inline constexpr int kMmaWarps = kMaxRowsPerBlock / 16;  // a 16-row tile per warp
+// A block holds 64 state rows of a head (a head of V = 128 takes two blocks): four blocks of 128
+// registers a thread fit an SM, so that one block's loads overlap another's arithmetic.
+inline constexpr int kMmaRows = 64;
+inline constexpr int kMmaWarps = kMmaRows / 16;  // a 16-row tile per warp
 inline constexpr int kMmaThreads = 32 * kMmaWarps;
-// A warp per draft token and per replayed step of a batch.
-static_assert(kMmaWarps >= kRecordStepBatch);
 
 __device__ __forceinline__ std::uint32_t tf32_round(float x) {
   std::uint32_t r;
@@ -71,12 +73,13 @@ template <int K, int kN> struct alignas(16) MmaDraft {
   float A[kSteps][kSteps];
   float B[kSteps][kSteps];
   float beta[kSteps], kq[kSteps], q_factor[kSteps];
-  float v[kSteps][kMaxRowsPerBlock];
+  float v[kSteps][kMmaRows];  // the block's rows
 };
 
 // What the token kernel hands the tensor-core kernel for draft token t, in the u part of token t's
-// own record (V >= 64 floats), which the tensor-core kernel reads before its sweep writes u there:
-// row t of A and of B, beta_t, k_t . q_t and q_t's factor.
+// own record, at the first rows of each block's kMmaRows (V is a multiple of 64), which only that
+// block overwrites, after reading them, with u: row t of A and of B, beta_t, k_t . q_t and q_t's
+// factor.
 template <int kSteps> struct HeadSideHandoff {
   static constexpr int kA = 0, kB = kSteps, kBeta = 2 * kSteps, kKq = kBeta + 1;
   static constexpr int kQFactor = kKq + 1;
@@ -97,7 +100,8 @@ __global__ void __launch_bounds__(128 * kN)
   constexpr int kPerLane = K / 32;
   using Handoff = HeadSideHandoff<kSteps>;
   static_assert(kSteps <= 32);
-  __shared__ StepInputs<K, kSteps> tokens;
+  // What the other tokens' warps read: k and the decay of every token, by channel.
+  __shared__ float token_k[kSteps][K], token_decay[kSteps][K];
   wait_for_prior_grids();
   allow_next_grid();  // the tensor-core kernel's blocks wait for this grid before reading
 
@@ -112,28 +116,35 @@ __global__ void __launch_bounds__(128 * kN)
   const int t = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* record = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride +
                   t * d.records.step_stride;
-  if (t < row.length)
-    store_token<K, kSteps>(d.in, load_token<IO, K>(d.in, bc.hv, row.first_token + t, 0, 0, lane),
-                           lane, t, tokens, record);
+  LaneToken<kPerLane> token{};
+  if (t < row.length) {
+    token = finish_lane_token<K, kPerLane, 32>(
+        d.in, load_lane_token<IO, K, kPerLane>(d.in, bc.hv, row.first_token + t,
+                                               [&](int i) { return lane + 32 * i; }));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      token_k[t][c] = token.k[i];
+      token_decay[t][c] = token.decay[i];
+      record[c] = token.g[i];
+      record[K + c] = token.k[i];
+    }
+  }
   __syncthreads();
   if (t >= row.length) return;
-  float r[kPerLane], kt[kPerLane], qt[kPerLane];
+  float r[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    r[i] = 1.f;
-    kt[i] = tokens.k[t][lane + 32 * i];
-    qt[i] = tokens.q[t][lane + 32 * i];
-  }
+  for (int i = 0; i < kPerLane; ++i) r[i] = 1.f;
   float a_of_lane = 0.f, b_of_lane = 0.f;  // lane j: A[t][j], B[t][j]; zero for j >= t
   for (int j = t - 1; j >= 0; --j) {
     float a = 0.f, b = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane + 32 * i;
-      r[i] *= tokens.decay[j + 1][c];
-      const float v = tokens.k[j][c] * r[i];
-      a += v * kt[i];
-      b += v * qt[i];
+      r[i] *= token_decay[j + 1][c];
+      const float v = token_k[j][c] * r[i];
+      a += v * token.k[i];
+      b += v * token.q[i];
     }
     a = group_sum<32>(a);
     b = group_sum<32>(b);
@@ -142,24 +153,26 @@ __global__ void __launch_bounds__(128 * kN)
       b_of_lane = b;
     }
   }
-  float* handoff = record + 2 * K;
-  if (lane < kSteps) {
-    handoff[Handoff::kA + lane] = a_of_lane;
-    handoff[Handoff::kB + lane] = b_of_lane;
-  } else if (lane == Handoff::kBeta) {
-    handoff[lane] = tokens.beta[t];
-  } else if (lane == Handoff::kKq) {
-    handoff[lane] = tokens.kq[t];
-  } else if (lane == Handoff::kQFactor) {
-    handoff[lane] = tokens.q_factor[t];
+  for (int row0 = 0; row0 < pool.V; row0 += kMmaRows) {
+    float* handoff = record + 2 * K + row0;
+    if (lane < kSteps) {
+      handoff[Handoff::kA + lane] = a_of_lane;
+      handoff[Handoff::kB + lane] = b_of_lane;
+    } else if (lane == Handoff::kBeta) {
+      handoff[lane] = token.beta;
+    } else if (lane == Handoff::kKq) {
+      handoff[lane] = token.kq;
+    } else if (lane == Handoff::kQFactor) {
+      handoff[lane] = token.q_factor;
+    }
   }
 }
 
 template <class Params, class IO, int K, int kN>
-__global__ void __launch_bounds__(kMmaThreads, 2)
+__global__ void __launch_bounds__(kMmaThreads, 4)
     records_mma_kernel(const Params p, const GuardState guard) {
   static_assert(kDrafts<Params>, "replay_commit runs the step form (records_kernel.cuh)");
-  static_assert(2 * K <= kMmaThreads);
+  static_assert(K <= kMmaThreads && kN * kMmaWarps == MmaDraft<K, kN>::kSteps);
   constexpr bool kReplay = kReplays<Params>;
   using Draft = MmaDraft<K, kN>;
   using Handoff = HeadSideHandoff<Draft::kSteps>;
@@ -174,9 +187,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
   allow_next_grid();  // the next kernel's blocks wait for this grid before their first access
   const RecordPool pool = pool_of(p);
-  const BlockCoords bc = block_coords(pool.HV, 1);
-  const RecordRow row =
-      begin_record_row<Params, IO>(p, guard, pool, bc.n, bc.hv, bc.hv == 0, 0, kMaxRowsPerBlock);
+  const BlockCoords bc = block_coords(pool.HV, pool.V / kMmaRows);
+  const int row0 = bc.slice * kMmaRows;  // the block's first state row
+  const RecordRow row = begin_record_row<Params, IO>(p, guard, pool, bc.n, bc.hv,
+                                                     bc.hv == 0 && bc.slice == 0, row0, kMmaRows);
   // A draft past the call's bound reaches here only when the device check of that bound
   // (verify.row_length) is disabled: skipped whole.
   if (!row.run || row.length > Draft::kSteps) return;
@@ -184,7 +198,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int V = pool.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, quad_lane = lane % 4;
-  const int tile_row0 = 16 * warp;
+  const int tile_row0 = 16 * warp;  // within the block's rows
   float* head = static_cast<float*>(pool.state.data) + row.slot * pool.state.slot_stride +
                 static_cast<std::int64_t>(bc.hv) * V * K;
 
@@ -192,42 +206,47 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   // (0..3). A quad's four lanes cover 64 contiguous bytes of a row per i, so every load is
   // coalesced; the MMA's k index runs over channels in this order (the B side is read the same).
   auto vector_at = [&](int r, int i) {
-    return head + static_cast<std::int64_t>(tile_row0 + g + 8 * r) * K + 16 * i + 4 * quad_lane;
+    return head + static_cast<std::int64_t>(row0 + tile_row0 + g + 8 * r) * K + 16 * i +
+           4 * quad_lane;
   };
-  const bool row_in[2] = {tile_row0 + g < V, tile_row0 + g + 8 < V};
 
-  // The small loads first: issued after the state's 64 KB they waited behind it, and the whole
-  // block with them. Per draft token a warp loads its v and its handoff; thread side * K + c (side
-  // 0: k, 1: q) the channel's g and k, or g and q's input, of every token; per replayed step of
-  // the first batch a warp loads its record.
+  // The small loads first: issued after the state's 32 KB they waited behind it, and the whole
+  // block with them. Per draft token t a warp (t % kMmaWarps) loads the block's v and the handoff;
+  // thread c the channel's g, k and q's input of every token; per replayed step of the first four
+  // a warp loads its record.
   const RecordVerifyParams& d = draft_of(p);
   float* draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
-  const int side = threadIdx.x / K, channel = threadIdx.x % K;
-  float v_in[kMaxRowsPerBlock / 32], handoff_in = 0.f;
-  float g_in[Draft::kSteps], x_in[Draft::kSteps];
+  const int channel = threadIdx.x;
+  float v_in[kN][kMmaRows / 32], handoff_in[kN];
+  float g_in[Draft::kSteps], k_in[Draft::kSteps], q_in[Draft::kSteps];
   if (row.length > 0) {
     wait_for_prior_grids();  // the token kernel's records and handoff
-    if (warp < row.length) {
-      const std::int64_t token = row.first_token + warp;
-      const IO* vp =
-          static_cast<const IO*>(d.in.v.data) + token * d.in.v.token_stride + bc.hv * d.in.v.head_stride;
 #pragma unroll
-      for (int i = 0; i < kMaxRowsPerBlock / 32; ++i)
-        v_in[i] = lane + 32 * i < V ? to_f32(vp[lane + 32 * i]) : 0.f;
-      if (lane < Handoff::kFloats)
-        handoff_in = draft_records[warp * d.records.step_stride + 2 * K + lane];
+    for (int m = 0; m < kN; ++m) {
+      const int t = warp + kMmaWarps * m;
+      handoff_in[m] = 0.f;
+      if (t < row.length) {
+        const std::int64_t token = row.first_token + t;
+        const IO* vp = static_cast<const IO*>(d.in.v.data) + token * d.in.v.token_stride +
+                       bc.hv * d.in.v.head_stride + row0;
+#pragma unroll
+        for (int i = 0; i < kMmaRows / 32; ++i) v_in[m][i] = to_f32(vp[lane + 32 * i]);
+        if (lane < Handoff::kFloats)
+          handoff_in[m] = draft_records[t * d.records.step_stride + 2 * K + row0 + lane];
+      }
     }
-    if (side < 2) {
+    if (channel < K) {
       const int h = bc.hv / (d.in.HV / d.in.H);
       const IO* qp = static_cast<const IO*>(d.in.q.data) + row.first_token * d.in.q.token_stride +
                      h * d.in.q.head_stride + channel;
 #pragma unroll
       for (int t = 0; t < Draft::kSteps; ++t) {
-        g_in[t] = x_in[t] = 0.f;
+        g_in[t] = k_in[t] = q_in[t] = 0.f;
         if (t < row.length) {
           const float* record = draft_records + t * d.records.step_stride;
           g_in[t] = record[channel];
-          x_in[t] = side == 0 ? record[K + channel] : to_f32(qp[t * d.in.q.token_stride]);
+          k_in[t] = record[K + channel];
+          q_in[t] = to_f32(qp[t * d.in.q.token_stride]);
         }
       }
     }
@@ -241,9 +260,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       replay_records = source.records.data + bc.n * source.records.row_stride +
                        bc.hv * source.records.head_stride;
       replay_step_stride = source.records.step_stride;
-      if (warp < min(kRecordStepBatch, row.replay_steps))
-        first_step = load_replay_step<K>(replay_records, replay_step_stride, warp, 0,
-                                         kMaxRowsPerBlock, V, lane);
+      if (warp < row.replay_steps)
+        first_step = load_replay_step<K>(replay_records, replay_step_stride, warp, row0, kMmaRows,
+                                         V, lane);
     }
   }
 
@@ -252,36 +271,45 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      StateVec<float>::unpack(row_in[r] ? load_stream(vector_at(r, i)) : make_uint4(0, 0, 0, 0),
-                              &s[r][4 * i]);
+      StateVec<float>::unpack(load_stream(vector_at(r, i)), &s[r][4 * i]);
     }
 
   // The head side, while the state loads are in flight: the handed-over scalars and v, then X
   // from the records' g and k and q's input times its factor, the same operations as the token
   // preparation's, so X is bit for bit what a block preparing its own tokens would hold.
   if (row.length > 0) {
-    if (warp < row.length) {
 #pragma unroll
-      for (int i = 0; i < kMaxRowsPerBlock / 32; ++i) draft.v[warp][lane + 32 * i] = v_in[i];
-      if (lane < Handoff::kB) draft.A[warp][lane - Handoff::kA] = handoff_in;
-      else if (lane < Handoff::kBeta) draft.B[warp][lane - Handoff::kB] = handoff_in;
-      else if (lane == Handoff::kBeta) draft.beta[warp] = handoff_in;
-      else if (lane == Handoff::kKq) draft.kq[warp] = handoff_in;
-      else if (lane == Handoff::kQFactor) draft.q_factor[warp] = handoff_in;
+    for (int m = 0; m < kN; ++m) {
+      const int t = warp + kMmaWarps * m;
+      if (t < row.length) {
+#pragma unroll
+        for (int i = 0; i < kMmaRows / 32; ++i) draft.v[t][lane + 32 * i] = v_in[m][i];
+        const float x = handoff_in[m];
+        if (lane < Handoff::kB) draft.A[t][lane - Handoff::kA] = x;
+        else if (lane < Handoff::kBeta) draft.B[t][lane - Handoff::kB] = x;
+        else if (lane == Handoff::kBeta) draft.beta[t] = x;
+        else if (lane == Handoff::kKq) draft.kq[t] = x;
+        else if (lane == Handoff::kQFactor) draft.q_factor[t] = x;
+      }
     }
     __syncthreads();
-    if (side < 2) {
+    if (channel < K) {
+      const auto put = [&](int col, float x) {
+        const std::uint32_t hi = tf32_round(x);
+        draft.x_hi[col][channel] = hi;
+        draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
+      };
       float P = 1.f;
 #pragma unroll
       for (int t = 0; t < Draft::kSteps; ++t) {
-        float x = 0.f;
+        float xk = 0.f, xq = 0.f;
         if (t < row.length) {
           P *= expf(g_in[t]);
-          x = P * (side == 0 ? x_in[t] : x_in[t] * draft.q_factor[t]);
+          xk = P * k_in[t];
+          xq = P * (q_in[t] * draft.q_factor[t]);
         }
-        const std::uint32_t hi = tf32_round(x);
-        draft.x_hi[side * Draft::kSteps + t][channel] = hi;
-        draft.x_lo[side * Draft::kSteps + t][channel] = tf32_round(x - __uint_as_float(hi));
+        put(t, xk);
+        put(Draft::kSteps + t, xq);
       }
     }
     __syncthreads();
@@ -293,10 +321,14 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         const int steps = min(kRecordStepBatch, row.replay_steps - t0);
         if (t0 == 0) {
           if (warp < steps) store_replay_step<K>(first_step, warp, lane, shared.replay);
+          for (int step = warp + kMmaWarps; step < steps; step += kMmaWarps)
+            store_replay_step<K>(load_replay_step<K>(replay_records, replay_step_stride, step,
+                                                     row0, kMmaRows, V, lane),
+                                 step, lane, shared.replay);
         } else {
           __syncthreads();
-          load_replay_steps<K>(replay_records, replay_step_stride, t0, steps, 0, kMaxRowsPerBlock,
-                               V, shared.replay);
+          load_replay_steps<K>(replay_records, replay_step_stride, t0, steps, row0, kMmaRows, V,
+                               shared.replay);
         }
         __syncthreads();
         for (int step = 0; step < steps; ++step) {
@@ -320,10 +352,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        if (row_in[r])
 #pragma unroll
-          for (int i = 0; i < kVecs; ++i)
-            store_stream(vector_at(r, i), StateVec<float>::pack(&s[r][4 * i]));
+        for (int i = 0; i < kVecs; ++i)
+          store_stream(vector_at(r, i), StateVec<float>::pack(&s[r][4 * i]));
       __syncthreads();  // the tiles below overwrite the replayed steps
     }
   }
@@ -375,8 +406,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   // The sweep: two lanes per row, each storing every other step's output and record u (over the
   // handoff, read above).
   const int local = lane / 2, parity = lane % 2;
-  const int at = tile_row0 + local;
-  if (at >= V) return;
+  const int in_block = tile_row0 + local, at = row0 + in_block;
   float* records_u = draft_records + 2 * K;
   float u[Draft::kSteps];
 #pragma unroll
@@ -386,7 +416,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       float sk = tile[local][t];
 #pragma unroll
       for (int j = 0; j < t; ++j) sk += draft.A[t][j] * u[j];
-      u[t] = draft.beta[t] * (draft.v[t][at] - sk);
+      u[t] = draft.beta[t] * (draft.v[t][in_block] - sk);
       float o = tile[local][Draft::kSteps + t];
 #pragma unroll
       for (int j = 0; j < t; ++j) o += draft.B[t][j] * u[j];
@@ -399,29 +429,32 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   }
 }
 
-// Launches the token kernel, then the tensor-core kernel, each as the programmatic dependant of the
-// kernel before it, for drafts of at most 4 kN tokens.
+// Launches the token kernel (a block per row and value head), then the tensor-core kernel (a block
+// per kMmaRows state rows of each), each as the programmatic dependant of the kernel before it,
+// for drafts of at most 4 kN tokens.
 template <class Params, class IO, int K, int kN>
-cudaError_t launch_draft_kernels(const Params& p, GuardState guard, unsigned grid,
-                                 cudaStream_t stream) {
-  if (const cudaError_t e = launch_after_prior_grid(record_tokens_kernel<Params, IO, K, kN>, grid,
+cudaError_t launch_draft_kernels(const Params& p, GuardState guard, unsigned heads,
+                                 unsigned slices, cudaStream_t stream) {
+  if (const cudaError_t e = launch_after_prior_grid(record_tokens_kernel<Params, IO, K, kN>, heads,
                                                     128 * kN, 0, stream, p, guard);
       e != cudaSuccess)
     return e;
-  return launch_after_prior_grid(records_mma_kernel<Params, IO, K, kN>, grid, kMmaThreads, 0,
-                                 stream, p, guard);
+  return launch_after_prior_grid(records_mma_kernel<Params, IO, K, kN>, heads * slices,
+                                 kMmaThreads, 0, stream, p, guard);
 }
 
 // Launches the kernels for a call whose rows draft at most kRecordStepBatch tokens; rows > 0.
 template <class Params, class IO, int K>
 cudaError_t launch_records_mma_tile(const Params& p, GuardState guard, cudaStream_t stream) {
   const RecordPool pool = pool_of(p);
-  const std::int64_t blocks = static_cast<std::int64_t>(pool.rows) * pool.HV;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  const auto grid = static_cast<unsigned>(blocks);
-  if (draft_bound(p) <= 4) return launch_draft_kernels<Params, IO, K, 1>(p, guard, grid, stream);
-  return launch_draft_kernels<Params, IO, K, 2>(p, guard, grid, stream);
+  const std::int64_t heads = static_cast<std::int64_t>(pool.rows) * pool.HV;
+  const int slices = pool.V / kMmaRows;
+  if (heads == 0) return cudaSuccess;
+  if (heads * slices > INT_MAX) return cudaErrorInvalidConfiguration;
+  const auto h = static_cast<unsigned>(heads);
+  const auto sl = static_cast<unsigned>(slices);
+  if (draft_bound(p) <= 4) return launch_draft_kernels<Params, IO, K, 1>(p, guard, h, sl, stream);
+  return launch_draft_kernels<Params, IO, K, 2>(p, guard, h, sl, stream);
 }
 
 }  // namespace kdaguard::gpu::detail
