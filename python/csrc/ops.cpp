@@ -2,8 +2,9 @@
 // against LibTorch's stable ABI so that one binary serves every torch >= 2.10 and, tagged abi3,
 // every CPython >= 3.10.
 //
-// The ops mirror kda.h one to one: decode, prefill, verify and commit mutate the tensors their
-// schemas annotate and return nothing; can_* validate the same arguments and launch nothing. CPU
+// The ops mirror kda.h one to one: decode, prefill, verify, commit and the record-based path
+// (record_verify, replay_commit, accept_verify) mutate the tensors their schemas annotate and
+// return nothing; can_* validate the same arguments and launch nothing. CPU
 // tensors run the f64 reference (so the whole binding is testable without a GPU), CUDA tensors
 // the sm_90a kernels on the current stream of their device, read on every call. A torch tensor
 // becomes a TensorView from its metadata alone (no device read, no sync): dtype, shape, strides,
@@ -888,12 +889,214 @@ std::string can_commit(Tensor scratch, OptTensor scratch_row_map, OptTensor scra
   }
 }
 
+// ---- the record-based speculative path ----
+// The verdict of a query op on a built call: the reference's admission on CPU tensors, the
+// kernels' can_implement on CUDA ones.
+template <class Call> std::string query_verdict(CallBuilder& c, Call& call, bool cpu) {
+  if (cpu) {
+    call.device = Device{Device::Kind::cpu, 0};
+    return verdict_text(Call::kEntry, reference::admit(call));
+  }
+#ifdef KDAGUARD_TORCH_CUDA
+  call.device = Device{Device::Kind::cuda, c.cuda_device()};
+  const CallDevice current(c.cuda_device());
+  return verdict_text(Call::kEntry, gpu::can_implement(call));
+#else
+  (void)c;
+  no_cuda(Call::kEntry);
+#endif
+}
+
+// Each record entry point on the reference and, in a CUDA build, on the kernels.
+Status run_reference(const RecordVerifyCall& call) { return reference::record_verify(call); }
+Status run_reference(const ReplayCommitCall& call) { return reference::replay_commit(call); }
+Status run_reference(const AcceptVerifyCall& call) { return reference::accept_verify(call); }
+#ifdef KDAGUARD_TORCH_CUDA
+Status run_kernels(const RecordVerifyCall& call, const gpu::LaunchOptions& options) {
+  return gpu::record_verify(call, options);
+}
+Status run_kernels(const ReplayCommitCall& call, const gpu::LaunchOptions& options) {
+  return gpu::replay_commit(call, options);
+}
+Status run_kernels(const AcceptVerifyCall& call, const gpu::LaunchOptions& options) {
+  return gpu::accept_verify(call, options);
+}
+#endif
+
+// Runs a built record call: the reference on CPU tensors, the kernels on CUDA ones with the
+// caller's error word, on the current stream of the tensors' device. Their kernels judge every
+// row in their prologues, so no row flags are taken (needs_row_flags).
+template <class Call>
+void run_records_call(CallBuilder& c, Call& call, bool cpu, const Tensor& error_word,
+                      int64_t rows) {
+  if (cpu) {
+    call.device = Device{Device::Kind::cpu, 0};
+    if (Status s = run_reference(call); !s.ok()) raise(Call::kEntry, s);
+    return;
+  }
+#ifdef KDAGUARD_TORCH_CUDA
+  const int device = c.cuda_device();
+  call.device = Device{Device::Kind::cuda, device};
+  const CallDevice current(device);
+  const GuardedLaunch launch(call, device, error_word, rows, 0, current_stream(device));
+  if (Status s = run_kernels(call, launch.options); !s.ok()) raise(Call::kEntry, s);
+#else
+  (void)c, (void)error_word, (void)rows;
+  no_cuda(Call::kEntry);
+#endif
+}
+
+RecordVerifyCall record_verify_call(CallBuilder& c, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const OptTensor& a, const OptTensor& g,
+                                    const OptTensor& A_log, const OptTensor& dt_bias,
+                                    const OptTensor& b, const OptTensor& beta,
+                                    const Tensor& cu_seqlens, const Tensor& state,
+                                    const Tensor& cache_indices, const Tensor& records,
+                                    const Tensor& out, int64_t draft_token_num,
+                                    std::optional<double> scale,
+                                    std::optional<double> lower_bound, bool use_qk_l2norm) {
+  RecordVerifyCall call;
+  set_tokens(c, call, {q, k, v, a, g, A_log, dt_bias, b, beta});
+  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
+  c.set(call.state, state, "state");
+  c.set(call.cache_indices, cache_indices, "cache_indices");
+  c.set(call.records, records, "records");
+  c.set(call.out, out, "out", Layout::tokens);
+  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
+  call.scalars.draft_token_num = draft_token_num;
+  c.refuse_early();
+  return call;
+}
+
+void record_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
+                      OptTensor dt_bias, OptTensor b, OptTensor beta, Tensor cu_seqlens,
+                      Tensor state, Tensor cache_indices, Tensor records, Tensor out,
+                      Tensor error_word, int64_t draft_token_num, std::optional<double> scale,
+                      std::optional<double> lower_bound, bool use_qk_l2norm) {
+  CallBuilder c(Entry::record_verify);
+  RecordVerifyCall call =
+      record_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
+                         cache_indices, records, out, draft_token_num, scale, lower_bound,
+                         use_qk_l2norm);
+  run_records_call(c, call, is_cpu(q), error_word, leading(call.cu_seqlens) - 1);
+}
+
+std::string can_record_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g,
+                              OptTensor A_log, OptTensor dt_bias, OptTensor b, OptTensor beta,
+                              Tensor cu_seqlens, Tensor state, Tensor cache_indices,
+                              Tensor records, Tensor out, int64_t draft_token_num,
+                              std::optional<double> scale, std::optional<double> lower_bound,
+                              bool use_qk_l2norm) {
+  try {
+    CallBuilder c(Entry::record_verify);
+    RecordVerifyCall call =
+        record_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
+                           cache_indices, records, out, draft_token_num, scale, lower_bound,
+                           use_qk_l2norm);
+    return query_verdict(c, call, is_cpu(q));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+ReplayCommitCall replay_commit_call(CallBuilder& c, const Tensor& records, const Tensor& state,
+                                    const Tensor& cache_indices, const Tensor& accepted,
+                                    const OptTensor& cu_seqlens, int64_t draft_token_num) {
+  ReplayCommitCall call;
+  c.set(call.records, records, "records");
+  c.set(call.state, state, "state");
+  c.set(call.cache_indices, cache_indices, "cache_indices");
+  c.set(call.accepted, accepted, "accepted");
+  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
+  call.scalars.draft_token_num = draft_token_num;
+  c.refuse_early();
+  return call;
+}
+
+void replay_commit_op(Tensor records, Tensor state, Tensor cache_indices, Tensor accepted,
+                      OptTensor cu_seqlens, Tensor error_word, int64_t draft_token_num) {
+  CallBuilder c(Entry::replay_commit);
+  ReplayCommitCall call =
+      replay_commit_call(c, records, state, cache_indices, accepted, cu_seqlens, draft_token_num);
+  run_records_call(c, call, is_cpu(state), error_word, leading(call.accepted));
+}
+
+std::string can_replay_commit(Tensor records, Tensor state, Tensor cache_indices,
+                              Tensor accepted, OptTensor cu_seqlens, int64_t draft_token_num) {
+  try {
+    CallBuilder c(Entry::replay_commit);
+    ReplayCommitCall call = replay_commit_call(c, records, state, cache_indices, accepted,
+                                               cu_seqlens, draft_token_num);
+    return query_verdict(c, call, is_cpu(state));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+AcceptVerifyCall accept_verify_call(CallBuilder& c, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const OptTensor& a, const OptTensor& g,
+                                    const OptTensor& A_log, const OptTensor& dt_bias,
+                                    const OptTensor& b, const OptTensor& beta,
+                                    const Tensor& cu_seqlens, const Tensor& state,
+                                    const Tensor& cache_indices, const Tensor& prior_records,
+                                    const Tensor& prior_accepted, const Tensor& records,
+                                    const Tensor& out, int64_t draft_token_num,
+                                    std::optional<double> scale,
+                                    std::optional<double> lower_bound, bool use_qk_l2norm) {
+  AcceptVerifyCall call;
+  set_tokens(c, call, {q, k, v, a, g, A_log, dt_bias, b, beta});
+  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
+  c.set(call.state, state, "state");
+  c.set(call.cache_indices, cache_indices, "cache_indices");
+  c.set(call.prior_records, prior_records, "prior_records");
+  c.set(call.prior_accepted, prior_accepted, "prior_accepted");
+  c.set(call.records, records, "records");
+  c.set(call.out, out, "out", Layout::tokens);
+  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
+  call.scalars.draft_token_num = draft_token_num;
+  c.refuse_early();
+  return call;
+}
+
+void accept_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
+                      OptTensor dt_bias, OptTensor b, OptTensor beta, Tensor cu_seqlens,
+                      Tensor state, Tensor cache_indices, Tensor prior_records,
+                      Tensor prior_accepted, Tensor records, Tensor out, Tensor error_word,
+                      int64_t draft_token_num, std::optional<double> scale,
+                      std::optional<double> lower_bound, bool use_qk_l2norm) {
+  CallBuilder c(Entry::accept_verify);
+  AcceptVerifyCall call =
+      accept_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
+                         cache_indices, prior_records, prior_accepted, records, out,
+                         draft_token_num, scale, lower_bound, use_qk_l2norm);
+  run_records_call(c, call, is_cpu(q), error_word, leading(call.cu_seqlens) - 1);
+}
+
+std::string can_accept_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g,
+                              OptTensor A_log, OptTensor dt_bias, OptTensor b, OptTensor beta,
+                              Tensor cu_seqlens, Tensor state, Tensor cache_indices,
+                              Tensor prior_records, Tensor prior_accepted, Tensor records,
+                              Tensor out, int64_t draft_token_num, std::optional<double> scale,
+                              std::optional<double> lower_bound, bool use_qk_l2norm) {
+  try {
+    CallBuilder c(Entry::accept_verify);
+    AcceptVerifyCall call =
+        accept_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
+                           cache_indices, prior_records, prior_accepted, records, out,
+                           draft_token_num, scale, lower_bound, use_qk_l2norm);
+    return query_verdict(c, call, is_cpu(q));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 // ---- queries without tensors ----
 
 Entry entry_named(const std::string& name) {
   if (const std::optional<Entry> e = entry_from_name(name)) return *e;
   throw std::invalid_argument(fmt::format(
-      "kdaguard: unknown entry point '{}'; expected decode, prefill, verify or commit", name));
+      "kdaguard: unknown entry point '{}'; expected decode, prefill, verify, commit, "
+      "record_verify, replay_commit or accept_verify", name));
 }
 
 // Used by the CUDA entry points only: unused in a CPU-only build.
@@ -996,6 +1199,24 @@ STABLE_TORCH_LIBRARY(kdaguard, m) {
   m.def("can_commit(Tensor scratch, Tensor? scratch_row_map, Tensor? scratch_indices, "
         "Tensor state, Tensor cache_indices, Tensor accepted, Tensor? cu_seqlens, "
         "int draft_token_num) -> str");
+  m.def("record_verify(" KDAGUARD_TOKEN_ARGS
+        "Tensor cu_seqlens, Tensor state, Tensor cache_indices, Tensor(r!) records, "
+        "Tensor(o!) out, Tensor(e!) error_word, int draft_token_num, " KDAGUARD_SCALARS ") -> ()");
+  m.def("replay_commit(Tensor records, Tensor(s!) state, Tensor cache_indices, Tensor accepted, "
+        "Tensor? cu_seqlens, Tensor(e!) error_word, int draft_token_num) -> ()");
+  m.def("accept_verify(" KDAGUARD_TOKEN_ARGS
+        "Tensor cu_seqlens, Tensor(s!) state, Tensor cache_indices, Tensor prior_records, "
+        "Tensor prior_accepted, Tensor(r!) records, Tensor(o!) out, Tensor(e!) error_word, "
+        "int draft_token_num, " KDAGUARD_SCALARS ") -> ()");
+  m.def("can_record_verify(" KDAGUARD_TOKEN_ARGS
+        "Tensor cu_seqlens, Tensor state, Tensor cache_indices, Tensor records, Tensor out, "
+        "int draft_token_num, " KDAGUARD_SCALARS ") -> str");
+  m.def("can_replay_commit(Tensor records, Tensor state, Tensor cache_indices, Tensor accepted, "
+        "Tensor? cu_seqlens, int draft_token_num) -> str");
+  m.def("can_accept_verify(" KDAGUARD_TOKEN_ARGS
+        "Tensor cu_seqlens, Tensor state, Tensor cache_indices, Tensor prior_records, "
+        "Tensor prior_accepted, Tensor records, Tensor out, int draft_token_num, "
+        KDAGUARD_SCALARS ") -> str");
   m.def("prefill_workspace_bytes(int total_tokens, int num_seqs, int HV, int K, int V, "
         "ScalarType io_dtype) -> int");
   m.def("prepare(str entry, int K, int V, ScalarType io_dtype, ScalarType state_dtype, "
@@ -1013,6 +1234,12 @@ STABLE_TORCH_LIBRARY_IMPL(kdaguard, CPU, m) {
   m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
   m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
   m.impl("can_commit", KDAGUARD_BOX(&tb::can_commit));
+  m.impl("record_verify", KDAGUARD_BOX(&tb::record_verify_op));
+  m.impl("replay_commit", KDAGUARD_BOX(&tb::replay_commit_op));
+  m.impl("accept_verify", KDAGUARD_BOX(&tb::accept_verify_op));
+  m.impl("can_record_verify", KDAGUARD_BOX(&tb::can_record_verify));
+  m.impl("can_replay_commit", KDAGUARD_BOX(&tb::can_replay_commit));
+  m.impl("can_accept_verify", KDAGUARD_BOX(&tb::can_accept_verify));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CUDA, m) {
@@ -1024,6 +1251,12 @@ STABLE_TORCH_LIBRARY_IMPL(kdaguard, CUDA, m) {
   m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
   m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
   m.impl("can_commit", KDAGUARD_BOX(&tb::can_commit));
+  m.impl("record_verify", KDAGUARD_BOX(&tb::record_verify_op));
+  m.impl("replay_commit", KDAGUARD_BOX(&tb::replay_commit_op));
+  m.impl("accept_verify", KDAGUARD_BOX(&tb::accept_verify_op));
+  m.impl("can_record_verify", KDAGUARD_BOX(&tb::can_record_verify));
+  m.impl("can_replay_commit", KDAGUARD_BOX(&tb::can_replay_commit));
+  m.impl("can_accept_verify", KDAGUARD_BOX(&tb::can_accept_verify));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CompositeExplicitAutograd, m) {

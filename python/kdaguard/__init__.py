@@ -1,7 +1,8 @@
 """kdaguard for PyTorch: Kimi Delta Attention kernels behind a contract layer.
 
 Importing this package registers the dispatcher ops ``torch.ops.kdaguard.*`` (decode, prefill,
-verify, commit, their ``can_*`` queries, ``prepare``, ``prefill_workspace_bytes``). CPU tensors
+verify, commit, the record-based record_verify, replay_commit and accept_verify, their ``can_*``
+queries, ``prepare``, ``prefill_workspace_bytes``). CPU tensors
 run the f64 reference, CUDA tensors the sm_90a kernels on the current stream.
 ``kdaguard.ops`` is the keyword-argument layer over them; ``kdaguard.fla`` and
 ``kdaguard.sglang`` speak those projects' call shapes.

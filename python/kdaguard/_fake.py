@@ -8,5 +8,6 @@ def _mutates_only(*args, **kwargs):
     return None
 
 
-for _name in ("decode", "prefill", "verify", "commit"):
+for _name in ("decode", "prefill", "verify", "commit", "record_verify", "replay_commit",
+              "accept_verify"):
     torch.library.register_fake(f"kdaguard::{_name}")(_mutates_only)

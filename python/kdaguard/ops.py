@@ -23,6 +23,9 @@ from . import (ContractViolation, DeviceGuardTripped, Unsupported, Violation, er
 _ops = torch.ops.kdaguard
 _decode, _prefill, _verify, _commit = (_ops.decode.default, _ops.prefill.default,
                                        _ops.verify.default, _ops.commit.default)
+_record_verify, _replay_commit, _accept_verify = (_ops.record_verify.default,
+                                                  _ops.replay_commit.default,
+                                                  _ops.accept_verify.default)
 _error_words: dict[torch.device, torch.Tensor] = {}
 
 
@@ -109,6 +112,8 @@ _call_boxed = torch._C._dispatch_call_boxed
 _has_torch_function = torch._C._has_torch_function
 _decode_handle, _prefill_handle, _verify_handle, _commit_handle = (
     op._handle for op in (_decode, _prefill, _verify, _commit))
+_record_verify_handle, _replay_commit_handle, _accept_verify_handle = (
+    op._handle for op in (_record_verify, _replay_commit, _accept_verify))
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _is_grad_enabled = torch.is_grad_enabled
 
@@ -249,6 +254,58 @@ def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_
           error_word, draft_token_num))
 
 
+def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_token_num, a=None,
+                  g=None, A_log=None, dt_bias=None, b=None, beta=None, out=None, scale=None,
+                  lower_bound=None, use_qk_l2norm=False, error_word=None, state_layout="vk"):
+    """verify's outputs from the committed state (read only), with per (row, step, value head)
+    the record g | k | u in records [S_rec, T_alloc, HV, 2K+V] (f32) instead of the step's
+    state. Returns out."""
+    if state_layout != "vk":
+        _refuse_layout("record_verify", state_layout)
+    if torch.is_grad_enabled():
+        _refuse_grad("record_verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b,
+                                       "beta": beta})
+    if error_word is None:
+        error_word = _default_error_word(q.device)
+    out = _new_out(v) if out is None else out
+    _run(_record_verify, _record_verify_handle,
+         (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, records, out,
+          error_word, draft_token_num, scale, lower_bound, use_qk_l2norm))
+    return _rows(out)
+
+
+def replay_commit(*, records, state, cache_indices, accepted, draft_token_num, cu_seqlens=None,
+                  error_word=None, state_layout="vk"):
+    """Replays row n's first accepted[n] records onto slot cache_indices[n], in place."""
+    if state_layout != "vk":
+        _refuse_layout("replay_commit", state_layout)
+    if error_word is None:
+        error_word = _default_error_word(state.device)
+    _run(_replay_commit, _replay_commit_handle,
+         (records, state, cache_indices, accepted, cu_seqlens, error_word, draft_token_num))
+
+
+def accept_verify(q, k, v, *, cu_seqlens, state, cache_indices, prior_records, prior_accepted,
+                  records, draft_token_num, a=None, g=None, A_log=None, dt_bias=None, b=None,
+                  beta=None, out=None, scale=None, lower_bound=None, use_qk_l2norm=False,
+                  error_word=None, state_layout="vk"):
+    """The fused step: replay_commit of prior_records / prior_accepted onto each row's slot in
+    place, then record_verify of the new draft from it into records. Returns out."""
+    if state_layout != "vk":
+        _refuse_layout("accept_verify", state_layout)
+    if torch.is_grad_enabled():
+        _refuse_grad("accept_verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b,
+                                       "beta": beta, "state": state})
+    if error_word is None:
+        error_word = _default_error_word(q.device)
+    out = _new_out(v) if out is None else out
+    _run(_accept_verify, _accept_verify_handle,
+         (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, prior_records,
+          prior_accepted, records, out, error_word, draft_token_num, scale, lower_bound,
+          use_qk_l2norm))
+    return _rows(out)
+
+
 class Verdict(NamedTuple):
     ok: bool
     text: str                    # empty when ok, else the text the call would raise
@@ -272,7 +329,7 @@ def can_implement(entry: str, q=None, k=None, v=None, **kw) -> Verdict:
     for name in ("state_layout", "error_word", "workspace", "cu_seqlens_cpu",
                  "cache_indices_cpu", "initial_state_indices_cpu", "chunks_per_block"):
         kw.pop(name, None)
-    if entry != "commit":
+    if entry not in ("commit", "replay_commit"):
         out = kw.pop("out", None)
         tok = (q, k, v, kw.pop("a", None), kw.pop("g", None), kw.pop("A_log", None),
                kw.pop("dt_bias", None), kw.pop("b", None), kw.pop("beta", None))
@@ -295,6 +352,19 @@ def can_implement(entry: str, q=None, k=None, v=None, **kw) -> Verdict:
                                        kw.pop("scratch_indices", None), kw.pop("state"),
                                        kw.pop("cache_indices"), kw.pop("accepted"),
                                        kw.pop("cu_seqlens", None), kw.pop("draft_token_num"))
+    elif entry == "record_verify":
+        text = _ops.can_record_verify.default(*tok, kw.pop("cu_seqlens"), kw.pop("state"),
+                                              kw.pop("cache_indices"), kw.pop("records"), out,
+                                              kw.pop("draft_token_num"), *sc)
+    elif entry == "replay_commit":
+        text = _ops.can_replay_commit.default(kw.pop("records"), kw.pop("state"),
+                                              kw.pop("cache_indices"), kw.pop("accepted"),
+                                              kw.pop("cu_seqlens", None), kw.pop("draft_token_num"))
+    elif entry == "accept_verify":
+        text = _ops.can_accept_verify.default(*tok, kw.pop("cu_seqlens"), kw.pop("state"),
+                                              kw.pop("cache_indices"), kw.pop("prior_records"),
+                                              kw.pop("prior_accepted"), kw.pop("records"), out,
+                                              kw.pop("draft_token_num"), *sc)
     else:
         raise ValueError(f"kdaguard: unknown entry point {entry!r}")
     if kw:
@@ -305,6 +375,7 @@ def can_implement(entry: str, q=None, k=None, v=None, **kw) -> Verdict:
     return Verdict(False, text, err)
 
 
-__all__ = ["ContractViolation", "Verdict", "can_implement", "check_error_word", "commit",
-           "decode", "error_word", "prefill", "prefill_workspace", "prefill_workspace_bytes",
-           "rules_in", "verify", "warm_up"]
+__all__ = ["ContractViolation", "Verdict", "accept_verify", "can_implement", "check_error_word",
+           "commit", "decode", "error_word", "prefill", "prefill_workspace",
+           "prefill_workspace_bytes", "record_verify", "replay_commit", "rules_in", "verify",
+           "warm_up"]
