@@ -530,6 +530,23 @@ struct GuardedLaunch {
 // Used by the CUDA entry points only: unused in a CPU-only build.
 [[maybe_unused]] int64_t leading(const OptionalView& view) { return view && view->rank >= 1 ? view->shape[0] : 0; }
 
+// The verdict of a query op on a built call: the reference's admission on CPU tensors, the
+// kernels' can_implement on CUDA ones.
+template <class Call> std::string query_verdict(CallBuilder& c, Call& call, bool cpu) {
+  if (cpu) {
+    call.device = Device{Device::Kind::cpu, 0};
+    return verdict_text(Call::kEntry, reference::admit(call));
+  }
+#ifdef KDAGUARD_TORCH_CUDA
+  call.device = Device{Device::Kind::cuda, c.cuda_device()};
+  const CallDevice current(c.cuda_device());
+  return verdict_text(Call::kEntry, gpu::can_implement(call));
+#else
+  (void)c;
+  no_cuda(Call::kEntry);
+#endif
+}
+
 // ---- decode ----
 DecodeCall decode_call(CallBuilder& c, const Tensor& q, const Tensor& k, const Tensor& v,
                        const OptTensor& a, const OptTensor& g, const OptTensor& A_log,
@@ -602,17 +619,7 @@ std::string can_decode(const Tensor& q, const Tensor& k, const Tensor& v, const 
     DecodeCall call = decode_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, state,
                                   cache_indices, cu_seqlens, out, scale, lower_bound,
                                   use_qk_l2norm);
-    if (is_cpu(q)) {
-      call.device = Device{Device::Kind::cpu, 0};
-      return verdict_text(Entry::decode, reference::admit(call));
-    }
-#ifdef KDAGUARD_TORCH_CUDA
-    call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const CallDevice current(c.cuda_device());
-    return verdict_text(Entry::decode, gpu::can_implement(call));
-#else
-    no_cuda(Entry::decode);
-#endif
+    return query_verdict(c, call, is_cpu(q));
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -701,23 +708,34 @@ std::string can_prefill(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g,
     PrefillCall call = prefill_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens,
                                     initial_state, initial_state_indices, out, scale,
                                     lower_bound, use_qk_l2norm);
-    if (is_cpu(q)) {
-      call.device = Device{Device::Kind::cpu, 0};
-      return verdict_text(Entry::prefill, reference::admit(call));
-    }
-#ifdef KDAGUARD_TORCH_CUDA
-    call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const CallDevice current(c.cuda_device());
-    return verdict_text(Entry::prefill, gpu::can_implement(call));
-#else
-    no_cuda(Entry::prefill);
-#endif
+    return query_verdict(c, call, is_cpu(q));
   } catch (const std::exception& e) {
     return e.what();
   }
 }
 
 // ---- verify ----
+// The call of a drafting entry point (verify, record_verify, accept_verify: Call) from what they
+// share: the draft's tokens, its offsets, the pool and slot map, out and the scalars; `more` sets
+// the entry point's own arguments (scratch, records, the prior step's records).
+template <class Call, class More>
+Call draft_call(CallBuilder& c, const TokenArgs& tokens, const Tensor& cu_seqlens,
+                const Tensor& state, const Tensor& cache_indices, const Tensor& out,
+                int64_t draft_token_num, std::optional<double> scale,
+                std::optional<double> lower_bound, bool use_qk_l2norm, More&& more) {
+  Call call;
+  set_tokens(c, call, tokens);
+  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
+  c.set(call.state, state, "state");
+  c.set(call.cache_indices, cache_indices, "cache_indices");
+  more(call, c);
+  c.set(call.out, out, "out", Layout::tokens);
+  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
+  call.scalars.draft_token_num = draft_token_num;
+  c.refuse_early();
+  return call;
+}
+
 VerifyCall verify_call(CallBuilder& c, const Tensor& q, const Tensor& k, const Tensor& v,
                        const OptTensor& a, const OptTensor& g, const OptTensor& A_log,
                        const OptTensor& dt_bias, const OptTensor& b, const OptTensor& beta,
@@ -726,19 +744,13 @@ VerifyCall verify_call(CallBuilder& c, const Tensor& q, const Tensor& k, const T
                        const OptTensor& scratch_row_map, const OptTensor& scratch_indices,
                        const Tensor& out, int64_t draft_token_num, std::optional<double> scale,
                        std::optional<double> lower_bound, bool use_qk_l2norm) {
-  VerifyCall call;
-  set_tokens(c, call, {q, k, v, a, g, A_log, dt_bias, b, beta});
-  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  c.set(call.state, state, "state");
-  c.set(call.cache_indices, cache_indices, "cache_indices");
-  c.set(call.scratch, scratch, "scratch");
-  c.set(call.scratch_row_map, scratch_row_map, "scratch_row_map");
-  c.set(call.scratch_indices, scratch_indices, "scratch_indices");
-  c.set(call.out, out, "out", Layout::tokens);
-  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
-  call.scalars.draft_token_num = draft_token_num;
-  c.refuse_early();
-  return call;
+  return draft_call<VerifyCall>(
+      c, {q, k, v, a, g, A_log, dt_bias, b, beta}, cu_seqlens, state, cache_indices, out,
+      draft_token_num, scale, lower_bound, use_qk_l2norm, [&](VerifyCall& call, CallBuilder& b) {
+        b.set(call.scratch, scratch, "scratch");
+        b.set(call.scratch_row_map, scratch_row_map, "scratch_row_map");
+        b.set(call.scratch_indices, scratch_indices, "scratch_indices");
+      });
 }
 
 void verify_cpu(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
@@ -802,23 +814,26 @@ std::string can_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, O
     VerifyCall call = verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
                                   cache_indices, scratch, scratch_row_map, scratch_indices, out,
                                   draft_token_num, scale, lower_bound, use_qk_l2norm);
-    if (is_cpu(q)) {
-      call.device = Device{Device::Kind::cpu, 0};
-      return verdict_text(Entry::verify, reference::admit(call));
-    }
-#ifdef KDAGUARD_TORCH_CUDA
-    call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const CallDevice current(c.cuda_device());
-    return verdict_text(Entry::verify, gpu::can_implement(call));
-#else
-    no_cuda(Entry::verify);
-#endif
+    return query_verdict(c, call, is_cpu(q));
   } catch (const std::exception& e) {
     return e.what();
   }
 }
 
 // ---- commit ----
+// What commit and replay_commit share: the pool written, its slot map, the accepted counts and
+// the optional offsets.
+template <class Call>
+void set_commit_target(CallBuilder& c, Call& call, const Tensor& state, const Tensor& cache_indices,
+                       const Tensor& accepted, const OptTensor& cu_seqlens,
+                       int64_t draft_token_num) {
+  c.set(call.state, state, "state");
+  c.set(call.cache_indices, cache_indices, "cache_indices");
+  c.set(call.accepted, accepted, "accepted");
+  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
+  call.scalars.draft_token_num = draft_token_num;
+}
+
 CommitCall commit_call(CallBuilder& c, const Tensor& scratch, const OptTensor& scratch_row_map,
                        const OptTensor& scratch_indices, const Tensor& state,
                        const Tensor& cache_indices, const Tensor& accepted,
@@ -827,11 +842,7 @@ CommitCall commit_call(CallBuilder& c, const Tensor& scratch, const OptTensor& s
   c.set(call.scratch, scratch, "scratch");
   c.set(call.scratch_row_map, scratch_row_map, "scratch_row_map");
   c.set(call.scratch_indices, scratch_indices, "scratch_indices");
-  c.set(call.state, state, "state");
-  c.set(call.cache_indices, cache_indices, "cache_indices");
-  c.set(call.accepted, accepted, "accepted");
-  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  call.scalars.draft_token_num = draft_token_num;
+  set_commit_target(c, call, state, cache_indices, accepted, cu_seqlens, draft_token_num);
   c.refuse_early();
   return call;
 }
@@ -873,40 +884,13 @@ std::string can_commit(Tensor scratch, OptTensor scratch_row_map, OptTensor scra
     CallBuilder c(Entry::commit);
     CommitCall call = commit_call(c, scratch, scratch_row_map, scratch_indices, state,
                                   cache_indices, accepted, cu_seqlens, draft_token_num);
-    if (is_cpu(state)) {
-      call.device = Device{Device::Kind::cpu, 0};
-      return verdict_text(Entry::commit, reference::admit(call));
-    }
-#ifdef KDAGUARD_TORCH_CUDA
-    call.device = Device{Device::Kind::cuda, c.cuda_device()};
-    const CallDevice current(c.cuda_device());
-    return verdict_text(Entry::commit, gpu::can_implement(call));
-#else
-    no_cuda(Entry::commit);
-#endif
+    return query_verdict(c, call, is_cpu(state));
   } catch (const std::exception& e) {
     return e.what();
   }
 }
 
 // ---- the record-based speculative path ----
-// The verdict of a query op on a built call: the reference's admission on CPU tensors, the
-// kernels' can_implement on CUDA ones.
-template <class Call> std::string query_verdict(CallBuilder& c, Call& call, bool cpu) {
-  if (cpu) {
-    call.device = Device{Device::Kind::cpu, 0};
-    return verdict_text(Call::kEntry, reference::admit(call));
-  }
-#ifdef KDAGUARD_TORCH_CUDA
-  call.device = Device{Device::Kind::cuda, c.cuda_device()};
-  const CallDevice current(c.cuda_device());
-  return verdict_text(Call::kEntry, gpu::can_implement(call));
-#else
-  (void)c;
-  no_cuda(Call::kEntry);
-#endif
-}
-
 // Each record entry point on the reference and, in a CUDA build, on the kernels.
 Status run_reference(const RecordVerifyCall& call) { return reference::record_verify(call); }
 Status run_reference(const ReplayCommitCall& call) { return reference::replay_commit(call); }
@@ -946,26 +930,11 @@ void run_records_call(CallBuilder& c, Call& call, bool cpu, const Tensor& error_
 #endif
 }
 
-RecordVerifyCall record_verify_call(CallBuilder& c, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const OptTensor& a, const OptTensor& g,
-                                    const OptTensor& A_log, const OptTensor& dt_bias,
-                                    const OptTensor& b, const OptTensor& beta,
-                                    const Tensor& cu_seqlens, const Tensor& state,
-                                    const Tensor& cache_indices, const Tensor& records,
-                                    const Tensor& out, int64_t draft_token_num,
-                                    std::optional<double> scale,
-                                    std::optional<double> lower_bound, bool use_qk_l2norm) {
-  RecordVerifyCall call;
-  set_tokens(c, call, {q, k, v, a, g, A_log, dt_bias, b, beta});
-  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  c.set(call.state, state, "state");
-  c.set(call.cache_indices, cache_indices, "cache_indices");
-  c.set(call.records, records, "records");
-  c.set(call.out, out, "out", Layout::tokens);
-  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
-  call.scalars.draft_token_num = draft_token_num;
-  c.refuse_early();
-  return call;
+// record_verify's own argument beyond what draft_call sets.
+auto records_arg(const Tensor& records) {
+  return [&records](RecordVerifyCall& call, CallBuilder& c) {
+    c.set(call.records, records, "records");
+  };
 }
 
 void record_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
@@ -974,10 +943,9 @@ void record_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, Op
                       Tensor error_word, int64_t draft_token_num, std::optional<double> scale,
                       std::optional<double> lower_bound, bool use_qk_l2norm) {
   CallBuilder c(Entry::record_verify);
-  RecordVerifyCall call =
-      record_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
-                         cache_indices, records, out, draft_token_num, scale, lower_bound,
-                         use_qk_l2norm);
+  RecordVerifyCall call = draft_call<RecordVerifyCall>(
+      c, {q, k, v, a, g, A_log, dt_bias, b, beta}, cu_seqlens, state, cache_indices, out,
+      draft_token_num, scale, lower_bound, use_qk_l2norm, records_arg(records));
   run_records_call(c, call, is_cpu(q), error_word, leading(call.cu_seqlens) - 1);
 }
 
@@ -989,10 +957,9 @@ std::string can_record_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTens
                               bool use_qk_l2norm) {
   try {
     CallBuilder c(Entry::record_verify);
-    RecordVerifyCall call =
-        record_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
-                           cache_indices, records, out, draft_token_num, scale, lower_bound,
-                           use_qk_l2norm);
+    RecordVerifyCall call = draft_call<RecordVerifyCall>(
+        c, {q, k, v, a, g, A_log, dt_bias, b, beta}, cu_seqlens, state, cache_indices, out,
+        draft_token_num, scale, lower_bound, use_qk_l2norm, records_arg(records));
     return query_verdict(c, call, is_cpu(q));
   } catch (const std::exception& e) {
     return e.what();
@@ -1004,11 +971,7 @@ ReplayCommitCall replay_commit_call(CallBuilder& c, const Tensor& records, const
                                     const OptTensor& cu_seqlens, int64_t draft_token_num) {
   ReplayCommitCall call;
   c.set(call.records, records, "records");
-  c.set(call.state, state, "state");
-  c.set(call.cache_indices, cache_indices, "cache_indices");
-  c.set(call.accepted, accepted, "accepted");
-  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  call.scalars.draft_token_num = draft_token_num;
+  set_commit_target(c, call, state, cache_indices, accepted, cu_seqlens, draft_token_num);
   c.refuse_early();
   return call;
 }
@@ -1033,29 +996,14 @@ std::string can_replay_commit(Tensor records, Tensor state, Tensor cache_indices
   }
 }
 
-AcceptVerifyCall accept_verify_call(CallBuilder& c, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const OptTensor& a, const OptTensor& g,
-                                    const OptTensor& A_log, const OptTensor& dt_bias,
-                                    const OptTensor& b, const OptTensor& beta,
-                                    const Tensor& cu_seqlens, const Tensor& state,
-                                    const Tensor& cache_indices, const Tensor& prior_records,
-                                    const Tensor& prior_accepted, const Tensor& records,
-                                    const Tensor& out, int64_t draft_token_num,
-                                    std::optional<double> scale,
-                                    std::optional<double> lower_bound, bool use_qk_l2norm) {
-  AcceptVerifyCall call;
-  set_tokens(c, call, {q, k, v, a, g, A_log, dt_bias, b, beta});
-  c.set(call.cu_seqlens, cu_seqlens, "cu_seqlens");
-  c.set(call.state, state, "state");
-  c.set(call.cache_indices, cache_indices, "cache_indices");
-  c.set(call.prior_records, prior_records, "prior_records");
-  c.set(call.prior_accepted, prior_accepted, "prior_accepted");
-  c.set(call.records, records, "records");
-  c.set(call.out, out, "out", Layout::tokens);
-  set_scalars(call.scalars, scale, lower_bound, use_qk_l2norm);
-  call.scalars.draft_token_num = draft_token_num;
-  c.refuse_early();
-  return call;
+// accept_verify's own arguments beyond what draft_call sets.
+auto prior_and_records(const Tensor& prior_records, const Tensor& prior_accepted,
+                       const Tensor& records) {
+  return [&prior_records, &prior_accepted, &records](AcceptVerifyCall& call, CallBuilder& c) {
+    c.set(call.prior_records, prior_records, "prior_records");
+    c.set(call.prior_accepted, prior_accepted, "prior_accepted");
+    c.set(call.records, records, "records");
+  };
 }
 
 void accept_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, OptTensor A_log,
@@ -1065,10 +1013,10 @@ void accept_verify_op(Tensor q, Tensor k, Tensor v, OptTensor a, OptTensor g, Op
                       int64_t draft_token_num, std::optional<double> scale,
                       std::optional<double> lower_bound, bool use_qk_l2norm) {
   CallBuilder c(Entry::accept_verify);
-  AcceptVerifyCall call =
-      accept_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
-                         cache_indices, prior_records, prior_accepted, records, out,
-                         draft_token_num, scale, lower_bound, use_qk_l2norm);
+  AcceptVerifyCall call = draft_call<AcceptVerifyCall>(
+      c, {q, k, v, a, g, A_log, dt_bias, b, beta}, cu_seqlens, state, cache_indices, out,
+      draft_token_num, scale, lower_bound, use_qk_l2norm,
+      prior_and_records(prior_records, prior_accepted, records));
   run_records_call(c, call, is_cpu(q), error_word, leading(call.cu_seqlens) - 1);
 }
 
@@ -1080,10 +1028,10 @@ std::string can_accept_verify(Tensor q, Tensor k, Tensor v, OptTensor a, OptTens
                               std::optional<double> lower_bound, bool use_qk_l2norm) {
   try {
     CallBuilder c(Entry::accept_verify);
-    AcceptVerifyCall call =
-        accept_verify_call(c, q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state,
-                           cache_indices, prior_records, prior_accepted, records, out,
-                           draft_token_num, scale, lower_bound, use_qk_l2norm);
+    AcceptVerifyCall call = draft_call<AcceptVerifyCall>(
+        c, {q, k, v, a, g, A_log, dt_bias, b, beta}, cu_seqlens, state, cache_indices, out,
+        draft_token_num, scale, lower_bound, use_qk_l2norm,
+        prior_and_records(prior_records, prior_accepted, records));
     return query_verdict(c, call, is_cpu(q));
   } catch (const std::exception& e) {
     return e.what();
@@ -1225,11 +1173,9 @@ STABLE_TORCH_LIBRARY(kdaguard, m) {
   m.def("rule_table() -> str");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(kdaguard, CPU, m) {
-  m.impl("decode", KDAGUARD_BOX(&tb::decode_cpu));
-  m.impl("prefill", KDAGUARD_BOX(&tb::prefill_cpu));
-  m.impl("verify", KDAGUARD_BOX(&tb::verify_cpu));
-  m.impl("commit", KDAGUARD_BOX(&tb::commit_cpu));
+// The impls that serve CPU and CUDA tensors alike (they pick the reference or the kernels by the
+// tensors' device): the queries and the record-based path.
+static void register_either_device(torch::stable::detail::StableLibrary& m) {
   m.impl("can_decode", KDAGUARD_BOX(&tb::can_decode));
   m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
   m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
@@ -1242,21 +1188,20 @@ STABLE_TORCH_LIBRARY_IMPL(kdaguard, CPU, m) {
   m.impl("can_accept_verify", KDAGUARD_BOX(&tb::can_accept_verify));
 }
 
+STABLE_TORCH_LIBRARY_IMPL(kdaguard, CPU, m) {
+  m.impl("decode", KDAGUARD_BOX(&tb::decode_cpu));
+  m.impl("prefill", KDAGUARD_BOX(&tb::prefill_cpu));
+  m.impl("verify", KDAGUARD_BOX(&tb::verify_cpu));
+  m.impl("commit", KDAGUARD_BOX(&tb::commit_cpu));
+  register_either_device(m);
+}
+
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CUDA, m) {
   m.impl("decode", KDAGUARD_BOX(&tb::decode_cuda));
   m.impl("prefill", KDAGUARD_BOX(&tb::prefill_cuda));
   m.impl("verify", KDAGUARD_BOX(&tb::verify_cuda));
   m.impl("commit", KDAGUARD_BOX(&tb::commit_cuda));
-  m.impl("can_decode", KDAGUARD_BOX(&tb::can_decode));
-  m.impl("can_prefill", KDAGUARD_BOX(&tb::can_prefill));
-  m.impl("can_verify", KDAGUARD_BOX(&tb::can_verify));
-  m.impl("can_commit", KDAGUARD_BOX(&tb::can_commit));
-  m.impl("record_verify", KDAGUARD_BOX(&tb::record_verify_op));
-  m.impl("replay_commit", KDAGUARD_BOX(&tb::replay_commit_op));
-  m.impl("accept_verify", KDAGUARD_BOX(&tb::accept_verify_op));
-  m.impl("can_record_verify", KDAGUARD_BOX(&tb::can_record_verify));
-  m.impl("can_replay_commit", KDAGUARD_BOX(&tb::can_replay_commit));
-  m.impl("can_accept_verify", KDAGUARD_BOX(&tb::can_accept_verify));
+  register_either_device(m);
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kdaguard, CompositeExplicitAutograd, m) {

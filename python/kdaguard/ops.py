@@ -254,19 +254,23 @@ def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_
           error_word, draft_token_num))
 
 
+def _record_prologue(entry, state_layout, device, error_word, grads):
+    # the record entry points' checks before the op: the pool layout, grad mode, the error word
+    if state_layout != "vk":
+        _refuse_layout(entry, state_layout)
+    if grads and torch.is_grad_enabled():
+        _refuse_grad(entry, grads)
+    return _default_error_word(device) if error_word is None else error_word
+
+
 def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_token_num, a=None,
                   g=None, A_log=None, dt_bias=None, b=None, beta=None, out=None, scale=None,
                   lower_bound=None, use_qk_l2norm=False, error_word=None, state_layout="vk"):
     """verify's outputs from the committed state (read only), with per (row, step, value head)
     the record g | k | u in records [S_rec, T_alloc, HV, 2K+V] (f32) instead of the step's
     state. Returns out."""
-    if state_layout != "vk":
-        _refuse_layout("record_verify", state_layout)
-    if torch.is_grad_enabled():
-        _refuse_grad("record_verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b,
-                                       "beta": beta})
-    if error_word is None:
-        error_word = _default_error_word(q.device)
+    error_word = _record_prologue("record_verify", state_layout, q.device, error_word,
+                                  {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
     out = _new_out(v) if out is None else out
     _run(_record_verify, _record_verify_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, records, out,
@@ -277,10 +281,7 @@ def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_t
 def replay_commit(*, records, state, cache_indices, accepted, draft_token_num, cu_seqlens=None,
                   error_word=None, state_layout="vk"):
     """Replays row n's first accepted[n] records onto slot cache_indices[n], in place."""
-    if state_layout != "vk":
-        _refuse_layout("replay_commit", state_layout)
-    if error_word is None:
-        error_word = _default_error_word(state.device)
+    error_word = _record_prologue("replay_commit", state_layout, state.device, error_word, None)
     _run(_replay_commit, _replay_commit_handle,
          (records, state, cache_indices, accepted, cu_seqlens, error_word, draft_token_num))
 
@@ -291,13 +292,9 @@ def accept_verify(q, k, v, *, cu_seqlens, state, cache_indices, prior_records, p
                   error_word=None, state_layout="vk"):
     """The fused step: replay_commit of prior_records / prior_accepted onto each row's slot in
     place, then record_verify of the new draft from it into records. Returns out."""
-    if state_layout != "vk":
-        _refuse_layout("accept_verify", state_layout)
-    if torch.is_grad_enabled():
-        _refuse_grad("accept_verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b,
-                                       "beta": beta, "state": state})
-    if error_word is None:
-        error_word = _default_error_word(q.device)
+    error_word = _record_prologue("accept_verify", state_layout, q.device, error_word,
+                                  {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
+                                   "state": state})
     out = _new_out(v) if out is None else out
     _run(_accept_verify, _accept_verify_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, prior_records,
