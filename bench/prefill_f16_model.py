@@ -4,7 +4,9 @@
 The chunked form (kda-math.md) in f64, with f16 roundings at the points where the GPU kernels
 round (prefill_prepare.cuh writes e^G q, e^(G_C - G) k, -W and A in f16; prefill_chain.cuh rounds
 the state to f16 as the products' operand and Vnew before both of its products), each of which can
-be switched on alone, on calls drawn as the conformance generator draws the short softplus class
+be switched on alone, and two points of the prepare kernel's own arithmetic ("LA split": L and A
+from bf16 hi + lo tiles as the f16 kernel forms them; "solve f32": W and U by forward
+substitution in f32), on calls drawn as the conformance generator draws the short softplus class
 (properties/support/problem.cpp: q, v uniform in [-1, 1], L2-normed q and k, raw gate a uniform in
 [-4, 4] with 5% strong tokens at 1000, exp(A_log) in [1, 16], dt log-uniform in [1e-3, 1e-1],
 beta logits in [-3, 3], initial state uniform in [-1, 1]; 63 and 160 tokens, K = 128, V = 64).
@@ -21,6 +23,21 @@ rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 def r16(x):
     """x rounded to f16 (nearest even, subnormals kept), back in f64."""
     return x.astype(np.float16).astype(np.float64)
+
+
+def rb16(x):
+    """x rounded to bf16 (nearest even), back in f64."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def split_product(a, b):
+    """a @ b.T as the f16 prepare kernel's tensor cores take it: each side split into bf16 hi + lo,
+    the three products hi hi + hi lo + lo hi (kSplitTiles)."""
+    ah, bh = rb16(a), rb16(b)
+    al, bl = rb16(a - ah), rb16(b - bh)
+    return ah @ bh.T + ah @ bl.T + al @ bh.T
 
 
 def draw(T, strong=0.05):
@@ -89,6 +106,9 @@ def main():
     variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
     variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
     variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
+    variants["LA split alone"] = {"LA split"}
+    variants["solve f32 alone"] = {"solve f32"}
+    variants["all + LA split + f32"] = KERNEL_ROUNDINGS | {"LA split", "solve f32"}
     rows = {name: [] for name in variants}
     for T in (63, 160):
         for _ in range(3):
