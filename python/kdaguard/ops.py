@@ -73,7 +73,8 @@ def check_error_word(word: torch.Tensor, *, reset: bool = True) -> None:
 
 
 def warm_up(device, *, K: int, V: int, io_dtype: torch.dtype, state_dtype: torch.dtype,
-            entries=("decode", "prefill", "verify", "commit")) -> None:
+            entries=("decode", "prefill", "verify", "commit", "record_verify", "replay_commit",
+                     "accept_verify")) -> None:
     """Readies the entry points for these dims and dtypes on a CUDA device, so that the next
     calls may be captured in a CUDA graph (kda.h: prepare), and creates the default error word."""
     device = torch.device(device)
