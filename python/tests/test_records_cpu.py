@@ -150,3 +150,38 @@ def test_record_schemas_and_opcheck():
                           (*tokens, p["cu_seqlens"], p["state"].clone(), p["cache_indices"],
                            records, accepted, records_for(p).zero_(), out, word, 2),
                           {"use_qk_l2norm": True})
+
+
+def test_record_step_compiles_fullgraph_with_the_eager_result():
+    p = verify_problem(T=2, seed=7)
+    accepted = torch.tensor([2, 1], dtype=torch.int32)
+
+    def step(q, k, v, g, b, cu_seqlens, state, cache_indices, records):
+        out = ops.record_verify(q, k, v, g=g, b=b, cu_seqlens=cu_seqlens, state=state,
+                                cache_indices=cache_indices, records=records, draft_token_num=2,
+                                use_qk_l2norm=True)
+        ops.replay_commit(records=records, state=state, cache_indices=cache_indices,
+                          accepted=accepted, draft_token_num=2)
+        return out
+
+    args = [p["q"], p["k"], p["v"], p["g"], p["b"], p["cu_seqlens"], p["state"],
+            p["cache_indices"], records_for(p)]
+    eager_state, eager_records = p["state"].clone(), records_for(p)
+    expect = step(*args[:6], eager_state, args[7], eager_records)
+    explain = torch._dynamo.explain(step)(*args[:6], p["state"].clone(), args[7], records_for(p))
+    assert explain.graph_break_count == 0, explain.break_reasons
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(*args)
+    assert torch.equal(got, expect)
+    assert torch.equal(p["state"], eager_state) and torch.equal(args[8], eager_records)
+
+
+def test_record_ops_take_an_engines_leading_batch_dim_as_views():
+    p = verify_problem(T=3, seed=8)
+    want_records, got_records = records_for(p), records_for(p)
+    want = ops.record_verify(**record_args(p, want_records))
+    leading = {n: p[n].unsqueeze(0) for n in ("q", "k", "v", "g", "b")}
+    out = torch.empty(1, *p["v"].shape, dtype=p["v"].dtype)
+    got = ops.record_verify(**record_args({**p, **leading}, got_records), out=out)
+    assert got.data_ptr() == out.data_ptr() and got.shape == want.shape
+    assert torch.equal(got, want) and torch.equal(got_records, want_records)
