@@ -27,8 +27,16 @@ BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines"
 
 
 def load_benchmarks(path):
-    with open(path) as f:
-        doc = json.load(f)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        sys.exit(f"{path}: cannot read it ({e.strerror})")
+    except json.JSONDecodeError as e:
+        # Google Benchmark writes its JSON as it goes: a run that stopped part-way (a crash, a
+        # timeout) leaves it cut off, and the benchmarks it did finish are in its stdout.
+        sys.exit(f"{path}: not a complete benchmark JSON ({e.msg}, line {e.lineno}); did the "
+                 "benchmark stop before the end?")
     medians, singles = {}, {}
     for b in doc.get("benchmarks", []):
         if b.get("error_occurred"):
