@@ -18,25 +18,17 @@
 Uses the median aggregate of each benchmark when repetitions were run, else its single entry.
 """
 import argparse
-import json
 import os
 import re
 import sys
+
+import benchmark_json
 
 BASELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines")
 
 
 def load_benchmarks(path):
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as e:
-        sys.exit(f"{path}: cannot read it ({e.strerror})")
-    except json.JSONDecodeError as e:
-        # Google Benchmark writes its JSON as it goes: a run that stopped part-way (a crash, a
-        # timeout) leaves it cut off, and the benchmarks it did finish are in its stdout.
-        sys.exit(f"{path}: not a complete benchmark JSON ({e.msg}, line {e.lineno}); did the "
-                 "benchmark stop before the end?")
+    doc = benchmark_json.load(path)
     medians, singles = {}, {}
     for b in doc.get("benchmarks", []):
         if b.get("error_occurred"):
@@ -143,8 +135,7 @@ def main():
         print()
         compare_steps(new)
     if args.peer:
-        with open(args.peer) as f:
-            peer = json.load(f)
+        peer = benchmark_json.load(args.peer)
         print(f"\nours: copy ceiling {float(context.get('copy_ceiling_TBps', 0)):.3f} TB/s; "
               f"peer run: {peer['copy_TBps']:.3f} TB/s ({peer.get('gpu', '')}, torch {peer.get('torch', '')})")
         compare_peer(new, peer)

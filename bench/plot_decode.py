@@ -17,10 +17,10 @@ runs to the bandwidth, and their times relate as their bytes over those percents
 A chunks_per_block other than 0 (the chooser's own pick) is a tuning sweep and is left out.
 """
 import argparse
-import json
 import re
 import sys
 
+import benchmark_json
 import matplotlib
 
 matplotlib.use("Agg")
@@ -42,8 +42,7 @@ def split_name(name):
 
 
 def ours(path):
-    with open(path) as f:
-        doc = json.load(f)
+    doc = benchmark_json.load(path)
     runs = doc.get("benchmarks", [])
     have_medians = any(b.get("aggregate_name") == "median" for b in runs)
     points = {}
@@ -59,8 +58,7 @@ def ours(path):
 
 
 def peer(path):
-    with open(path) as f:
-        doc = json.load(f)
+    doc = benchmark_json.load(path)
     points = {}
     for r in doc.get("results", []):
         key = split_name(r["name"])

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 
+import benchmark_json
 import matplotlib
 
 matplotlib.use("Agg")
@@ -16,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def ours(path):
     points = {}
-    for b in json.load(open(path))["benchmarks"]:
+    for b in benchmark_json.load(path)["benchmarks"]:
         m = re.match(r"BM_Prefill/T:(\d+)/H:(\d+)/B:1/.*_median$", b["name"])
         if m:
             points.setdefault(int(m[1]), []).append((int(m[2]), b["token_heads_per_s"]))
