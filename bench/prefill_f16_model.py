@@ -6,7 +6,9 @@ round (prefill_prepare.cuh writes e^G q, e^(G_C - G) k, -W and A in f16; prefill
 the state to f16 as the products' operand and Vnew before both of its products), each of which can
 be switched on alone, and two points of the prepare kernel's own arithmetic ("LA split": L and A
 from bf16 hi + lo tiles as the f16 kernel forms them; "solve f32": W and U by forward
-substitution in f32), on calls drawn as the conformance generator draws the short softplus class
+substitution in f32), and the split chain ("split": spans of two chunks, each span's transition
+from the identity and its Q from zero, the combine with E and the entering state rounded to f16
+for their product), on calls drawn as the conformance generator draws the short softplus class
 (properties/support/problem.cpp: q, v uniform in [-1, 1], L2-normed q and k, raw gate a uniform in
 [-4, 4] with 5% strong tokens at 1000, exp(A_log) in [1, 16], dt log-uniform in [1e-3, 1e-1],
 beta logits in [-3, 3], initial state uniform in [-1, 1]; 63 and 160 tokens, K = 128, V = 64).
@@ -68,47 +70,79 @@ def exact(qn, kn, v, g, beta, S0):
 KERNEL_ROUNDINGS = frozenset({"S", "Vnew", "Qg", "Kd", "W", "A"})
 
 
-def chunked(qn, kn, v, g, beta, S0, rounded):
-    """The chunked form in f64 with f16 roundings at the points named in `rounded`."""
+def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
+    """One chunk's operands as the prepare kernel leaves them: the decay to the chunk's end d, and
+    e^G q, e^(G_C - G) k, -W, U and A, rounded at the points named in `rounded`."""
     def at(point, x):
         return r16(x) if point in rounded else x
 
-    S = S0.copy(); outs = []
+    n = c1 - c0
+    G = np.cumsum(g[c0:c1], 0)
+    Qg = qn[c0:c1] * np.exp(G); Kg = kn[c0:c1] * np.exp(G); Kd = kn[c0:c1] * np.exp(G[-1] - G)
+    L = np.zeros((n, n)); A = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1):
+            e = np.exp(G[i] - G[j])
+            if j < i: L[i, j] = beta[c0 + i] * (kn[c0 + i] * kn[c0 + j] * e).sum()
+            A[i, j] = (qn[c0 + i] * kn[c0 + j] * e).sum()
+    # The pivot-factorised tiles (row p = 7) when every |G_i - G_p| is within 90 in log2 units.
+    p = min(7, n - 1)
+    if "LA split" in rounded and np.abs(G - G[p]).max() * np.log2(np.e) <= 90:
+        up, down = np.exp(G - G[p]), np.exp(G[p] - G)
+        Kp, Kn, Qp = kn[c0:c1] * up, kn[c0:c1] * down, qn[c0:c1] * up
+        L = np.tril(beta[c0:c1, None] * split_product(Kp, Kn), -1)
+        A = np.tril(split_product(Qp, Kn))
+    if "solve f32" in rounded:
+        # forward substitution in f32, a column of W or U per thread: X_i = y_i - sum L_ij X_j
+        def solve(y):
+            L32, X = L.astype(np.float32), (beta[c0:c1, None] * y).astype(np.float32)
+            for i in range(n):
+                for j in range(i):
+                    X[i] = X[i] - L32[i, j] * X[j]
+            return X.astype(np.float64)
+        W, U = solve(Kg), solve(v[c0:c1])
+    else:
+        Tm = np.linalg.inv(np.eye(n) + L)
+        W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
+    return np.exp(G[-1]), at("Qg", Qg), at("Kd", Kd), at("W", W), U, at("A", A)
+
+
+def chain_step(S, ops, rounded, U=None):
+    """One chunk of the chain on S (K x columns): the state operand and Vnew rounded where
+    `rounded` says; U replaces the chunk's own (zero for the transition's identity rows)."""
+    def at(point, x):
+        return r16(x) if point in rounded else x
+
+    d, Qg, Kd, W, U0, A = ops
+    Sop = at("S", S)
+    Vop = at("Vnew", (U0 if U is None else U) - W @ Sop)
+    return at("S stored", d[:, None] * S + Kd.T @ Vop), Qg @ Sop + A @ Vop
+
+
+def chunked(qn, kn, v, g, beta, S0, rounded, span=0):
+    """The chunked form in f64 with f16 roundings at the points named in `rounded`. span > 0 runs
+    the split chain (prefill_chain.cuh, prefill_combine.cuh) with spans of that many chunks: each
+    span but the last from zero (Q) and from the identity (its transition M = diag(D) + E), the
+    combine S_(j+1) = D S_j + E S_j + Q_j with E and S_j rounded to f16 for their product
+    ("combine" in `rounded`), then every span again from its entering state, with the outputs."""
     T = len(g)
-    for c0 in range(0, T, C):
-        c1 = min(T, c0 + C); n = c1 - c0
-        G = np.cumsum(g[c0:c1], 0)
-        Qg = qn[c0:c1] * np.exp(G); Kg = kn[c0:c1] * np.exp(G); Kd = kn[c0:c1] * np.exp(G[-1] - G)
-        L = np.zeros((n, n)); A = np.zeros((n, n))
-        for i in range(n):
-            for j in range(i + 1):
-                e = np.exp(G[i] - G[j])
-                if j < i: L[i, j] = beta[c0 + i] * (kn[c0 + i] * kn[c0 + j] * e).sum()
-                A[i, j] = (qn[c0 + i] * kn[c0 + j] * e).sum()
-        # The pivot-factorised tiles (row p = 7) when every |G_i - G_p| is within 90 in log2 units.
-        p = min(7, n - 1)
-        if "LA split" in rounded and np.abs(G - G[p]).max() * np.log2(np.e) <= 90:
-            up, down = np.exp(G - G[p]), np.exp(G[p] - G)
-            Kp, Kn, Qp = kn[c0:c1] * up, kn[c0:c1] * down, qn[c0:c1] * up
-            L = np.tril(beta[c0:c1, None] * split_product(Kp, Kn), -1)
-            A = np.tril(split_product(Qp, Kn))
-        if "solve f32" in rounded:
-            # forward substitution in f32, a column of W or U per thread: X_i = y_i - sum L_ij X_j
-            def solve(y):
-                L32, X = L.astype(np.float32), (beta[c0:c1, None] * y).astype(np.float32)
-                for i in range(n):
-                    for j in range(i):
-                        X[i] = X[i] - L32[i, j] * X[j]
-                return X.astype(np.float64)
-            W, U = solve(Kg), solve(v[c0:c1])
-        else:
-            Tm = np.linalg.inv(np.eye(n) + L)
-            W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
-        Qg, Kd, W, A = at("Qg", Qg), at("Kd", Kd), at("W", W), at("A", A)
-        Sop = at("S", S)
-        Vop = at("Vnew", U - W @ Sop)
-        outs.append(Qg @ Sop + A @ Vop)
-        S = at("S stored", np.exp(G[-1])[:, None] * S + Kd.T @ Vop)
+    ops = [chunk_operands(qn, kn, v, g, beta, c0, min(T, c0 + C), rounded) for c0 in range(0, T, C)]
+    spans = [ops] if span <= 0 else [ops[i:i + span] for i in range(0, len(ops), span)]
+    entering = [S0.copy()]
+    for chunks in spans[:-1]:
+        Q, M = np.zeros_like(S0), np.eye(S0.shape[0])
+        for c in chunks:
+            Q, _ = chain_step(Q, c, rounded)
+            M, _ = chain_step(M, c, rounded, U=np.zeros((len(c[1]), M.shape[1])))
+        D = np.prod([c[0] for c in chunks], axis=0)
+        E, S = M - np.diag(D), entering[-1]
+        product = r16(E) @ r16(S) if "combine" in rounded else E @ S
+        entering.append(D[:, None] * S + product + Q)
+    outs = []
+    for chunks, S in zip(spans, entering):
+        for c in chunks:
+            S, o = chain_step(S, c, rounded)
+            outs.append(o)
     return S, np.concatenate(outs)
 
 
@@ -126,14 +160,17 @@ def main():
     variants["LA split alone"] = {"LA split"}
     variants["solve f32 alone"] = {"solve f32"}
     variants["all + LA split + f32"] = KERNEL_ROUNDINGS | {"LA split", "solve f32"}
+    variants["split, spans of 2"] = (KERNEL_ROUNDINGS | {"combine"}, 2)
+    variants["split, combine alone"] = ({"combine"}, 2)
     rows = {name: [] for name in variants}
     for T in (63, 160):
         for _ in range(3):
             d = draw(T)
             Se, Oe = exact(*d)
             fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
-            for name, rounded in variants.items():
-                S, O = chunked(*d, rounded)
+            for name, variant in variants.items():
+                rounded, span = variant if isinstance(variant, tuple) else (variant, 0)
+                S, O = chunked(*d, rounded, span)
                 rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
     for name, r in rows.items():
         r = np.array(r)
