@@ -1,5 +1,5 @@
-"""Rule reachability from torch-built calls, for the rules test_ops_cpu.py does not break: verify
-and commit rules, dims.head_dim, gate.cover_tokens, arg.stride. Each call breaks one rule alone;
+"""Rule reachability from torch-built calls, for the rules test_ops_cpu.py does not break: verify,
+commit and record rules, dims.head_dim, gate.cover_tokens, arg.stride. Each call breaks one rule alone;
 the refusal names exactly that rule, agrees with can_implement, and every buffer is
 bit-identical afterwards. Also opcheck over the can_* query ops."""
 
@@ -10,6 +10,7 @@ import kdaguard
 from kdaguard import ops
 
 from test_ops_cpu import _decode_args, _snapshot, decode_problem, verify_problem
+from test_records_cpu import record_args, records_for
 
 
 def _commit_problem():
@@ -36,6 +37,14 @@ def _break(rule):
         p = _commit_problem()
         p["accepted"] = torch.tensor([4, 0], dtype=torch.int32)
         return "commit", p
+    if rule in ("records.steps", "records.rows"):
+        p = verify_problem()
+        records = records_for(p, steps=2) if rule == "records.steps" else records_for(p)[:1]
+        return "record_verify", record_args(p, records)
+    if rule == "accept.prior_accepted":
+        p = verify_problem()
+        return "accept_verify", {**record_args(p, records_for(p)), "prior_records": records_for(p),
+                                 "prior_accepted": torch.tensor([4, 0], dtype=torch.int32)}
     p = verify_problem()
     N, T = 2, p["draft_token_num"]
     if rule == "verify.draft_tokens":
@@ -66,7 +75,8 @@ def _break(rule):
 RULES = ["dims.head_dim", "gate.cover_tokens", "arg.stride", "commit.accepted",
          "verify.draft_tokens", "verify.scratch_steps", "verify.scratch_layout",
          "verify.scratch_rows", "verify.row_length", "verify.row_map_identity",
-         "verify.scratch_indices", "seqlens.total", "seqlens.start", "index.unique"]
+         "verify.scratch_indices", "seqlens.total", "seqlens.start", "index.unique",
+         "records.steps", "records.rows", "accept.prior_accepted"]
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -77,27 +87,19 @@ def test_refusal_names_the_rule_alone_and_touches_nothing(rule):
         getattr(ops, entry)(**p)
     assert info.value.entry == entry and info.value.rules == (rule,), info.value
     assert _snapshot(p) == before
-    if entry == "commit":
-        verdict = ops.can_implement("commit", **p)
-    else:
-        verdict = ops.can_implement(entry, **p)
+    verdict = ops.can_implement(entry, **p)
     assert not verdict.ok and verdict.rules == (rule,), verdict.text
 
 
 def test_rules_not_reachable_from_torch_are_the_ones_listed():
     """arg.extent (torch refuses views past their storage), arg.device (needs two devices: the
-    GPU tests' side), prefill.indexed_pool (the op's schema requires both tensors) and the rules
-    of the record-based entry points alone (no torch op for record_verify, replay_commit or
-    accept_verify yet) are the only catalogue rules no CPU test here breaks; a new rule must join
-    a test or this list."""
+    GPU tests' side) and prefill.indexed_pool (the op's schema requires both tensors) are the
+    only catalogue rules no CPU test here breaks; a new rule must join a test or this list."""
     import test_ops_cpu
 
     covered = set(RULES) | set(test_ops_cpu.DECODE_RULES) | {
         "seqlens.monotone", "index.padding"}  # test_prefill_value_rules
     unreachable = {"arg.extent", "arg.device", "prefill.indexed_pool"}
-    # No torch op takes records yet: these rules are broken by the C++ tests alone
-    # (properties/contracts_mutations.cpp with record_mutations.h, validate_record_rules_test.cpp).
-    unreachable |= {"records.steps", "records.rows", "accept.prior_accepted"}
     assert {r.id for r in kdaguard.rules()} - covered == unreachable
 
 
@@ -130,3 +132,25 @@ def test_opcheck_query_ops():
     bad = list(pargs)
     bad[11] = q["initial_state_indices"].long()
     assert "[arg.dtype]" in torch.ops.kdaguard.can_prefill.default(*bad).splitlines()[0]
+
+
+def test_opcheck_record_query_ops():
+    utils = ("test_schema", "test_autograd_registration")
+    r = verify_problem()
+    records = records_for(r).zero_()
+    out = torch.empty(r["v"].shape, dtype=r["v"].dtype)
+    tokens = (r["q"], r["k"], r["v"], None, r["g"], None, None, r["b"], None)
+    rargs = (*tokens, r["cu_seqlens"], r["state"], r["cache_indices"], records, out, 3)
+    torch.library.opcheck(torch.ops.kdaguard.can_record_verify.default, rargs, test_utils=utils)
+    assert torch.ops.kdaguard.can_record_verify.default(*rargs) == ""
+    accepted = torch.tensor([1, 3], dtype=torch.int32)
+    cargs = (records, r["state"], r["cache_indices"], accepted, None, 3)
+    torch.library.opcheck(torch.ops.kdaguard.can_replay_commit.default, cargs, test_utils=utils)
+    assert torch.ops.kdaguard.can_replay_commit.default(*cargs) == ""
+    aargs = (*tokens, r["cu_seqlens"], r["state"], r["cache_indices"], records, accepted,
+             records_for(r).zero_(), out, 3)
+    torch.library.opcheck(torch.ops.kdaguard.can_accept_verify.default, aargs, test_utils=utils)
+    assert torch.ops.kdaguard.can_accept_verify.default(*aargs) == ""
+    bad = list(cargs)
+    bad[3] = torch.tensor([4, 0], dtype=torch.int32)
+    assert "[commit.accepted]" in torch.ops.kdaguard.can_replay_commit.default(*bad).splitlines()[0]
