@@ -201,19 +201,26 @@ def decode(q, k, v, *, state, cache_indices, a=None, g=None, A_log=None, dt_bias
     return out if out.ndim == 3 else _rows(out)
 
 
+def _prologue(entry, state_layout, device, error_word, grads):
+    # An entry point's checks before its op, in this order: the pool layout, grad mode (`grads`:
+    # the inputs by name, passed only while grad mode is on, so no dict is built otherwise), then
+    # the default error word. decode spells them out instead: its host time is measured per call.
+    if state_layout != "vk":
+        _refuse_layout(entry, state_layout)
+    if grads:
+        _refuse_grad(entry, grads)
+    return _default_error_word(device) if error_word is None else error_word
+
+
 def prefill(q, k, v, *, cu_seqlens, initial_state, initial_state_indices, a=None, g=None,
             A_log=None, dt_bias=None, b=None, beta=None, out=None, workspace=None, scale=None,
             lower_bound=None, use_qk_l2norm=False, error_word=None, cu_seqlens_cpu=None,
             initial_state_indices_cpu=None, state_layout="vk"):
     """Varlen prefill: sequence n's tokens [cu_seqlens[n], cu_seqlens[n+1]) start from slot
     initial_state_indices[n], whose final state is written back in place. Returns out."""
-    if state_layout != "vk":
-        _refuse_layout("prefill", state_layout)
-    if torch.is_grad_enabled():
-        _refuse_grad("prefill", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
-                                 "initial_state": initial_state})
-    if error_word is None:
-        error_word = _default_error_word(q.device)
+    error_word = _prologue("prefill", state_layout, q.device, error_word, _is_grad_enabled() and {
+        "q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
+        "initial_state": initial_state})
     out = _new_out(v) if out is None else out
     _run(_prefill, _prefill_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, initial_state,
@@ -229,12 +236,8 @@ def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_nu
            chunks_per_block=0):
     """N rows of up to T draft tokens from the committed state (read only); the state after step
     t of row n goes to its scratch slot. Returns out."""
-    if state_layout != "vk":
-        _refuse_layout("verify", state_layout)
-    if torch.is_grad_enabled():
-        _refuse_grad("verify", {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
-    if error_word is None:
-        error_word = _default_error_word(q.device)
+    error_word = _prologue("verify", state_layout, q.device, error_word, _is_grad_enabled() and {
+        "q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
     out = _new_out(v) if out is None else out
     _run(_verify, _verify_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, scratch,
@@ -246,22 +249,10 @@ def verify(q, k, v, *, cu_seqlens, state, cache_indices, scratch, draft_token_nu
 def commit(*, scratch, state, cache_indices, accepted, draft_token_num, scratch_row_map=None,
            scratch_indices=None, cu_seqlens=None, error_word=None, state_layout="vk"):
     """Copies the state after row n's last accepted step into slot cache_indices[n]."""
-    if state_layout != "vk":
-        _refuse_layout("commit", state_layout)
-    if error_word is None:
-        error_word = _default_error_word(state.device)
+    error_word = _prologue("commit", state_layout, state.device, error_word, None)
     _run(_commit, _commit_handle,
          (scratch, scratch_row_map, scratch_indices, state, cache_indices, accepted, cu_seqlens,
           error_word, draft_token_num))
-
-
-def _record_prologue(entry, state_layout, device, error_word, grads):
-    # the record entry points' checks before the op: the pool layout, grad mode, the error word
-    if state_layout != "vk":
-        _refuse_layout(entry, state_layout)
-    if grads and torch.is_grad_enabled():
-        _refuse_grad(entry, grads)
-    return _default_error_word(device) if error_word is None else error_word
 
 
 def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_token_num, a=None,
@@ -270,8 +261,9 @@ def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_t
     """verify's outputs from the committed state (read only), with per (row, step, value head)
     the record g | k | u in records [S_rec, T_alloc, HV, 2K+V] (f32) instead of the step's
     state. Returns out."""
-    error_word = _record_prologue("record_verify", state_layout, q.device, error_word,
-                                  {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta})
+    error_word = _prologue("record_verify", state_layout, q.device, error_word,
+                           _is_grad_enabled() and {"q": q, "k": k, "v": v, "a": a, "g": g,
+                                                   "b": b, "beta": beta})
     out = _new_out(v) if out is None else out
     _run(_record_verify, _record_verify_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, records, out,
@@ -282,7 +274,7 @@ def record_verify(q, k, v, *, cu_seqlens, state, cache_indices, records, draft_t
 def replay_commit(*, records, state, cache_indices, accepted, draft_token_num, cu_seqlens=None,
                   error_word=None, state_layout="vk"):
     """Replays row n's first accepted[n] records onto slot cache_indices[n], in place."""
-    error_word = _record_prologue("replay_commit", state_layout, state.device, error_word, None)
+    error_word = _prologue("replay_commit", state_layout, state.device, error_word, None)
     _run(_replay_commit, _replay_commit_handle,
          (records, state, cache_indices, accepted, cu_seqlens, error_word, draft_token_num))
 
@@ -293,9 +285,9 @@ def accept_verify(q, k, v, *, cu_seqlens, state, cache_indices, prior_records, p
                   error_word=None, state_layout="vk"):
     """The fused step: replay_commit of prior_records / prior_accepted onto each row's slot in
     place, then record_verify of the new draft from it into records. Returns out."""
-    error_word = _record_prologue("accept_verify", state_layout, q.device, error_word,
-                                  {"q": q, "k": k, "v": v, "a": a, "g": g, "b": b, "beta": beta,
-                                   "state": state})
+    error_word = _prologue("accept_verify", state_layout, q.device, error_word,
+                           _is_grad_enabled() and {"q": q, "k": k, "v": v, "a": a, "g": g,
+                                                   "b": b, "beta": beta, "state": state})
     out = _new_out(v) if out is None else out
     _run(_accept_verify, _accept_verify_handle,
          (q, k, v, a, g, A_log, dt_bias, b, beta, cu_seqlens, state, cache_indices, prior_records,
