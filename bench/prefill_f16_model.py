@@ -70,12 +70,14 @@ def exact(qn, kn, v, g, beta, S0):
 KERNEL_ROUNDINGS = frozenset({"S", "Vnew", "Qg", "Kd", "W", "A"})
 
 
+def rounded_at(rounded, point, x):
+    """x rounded to f16 when `point` is one of the rounding points in `rounded`."""
+    return r16(x) if point in rounded else x
+
+
 def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
     """One chunk's operands as the prepare kernel leaves them: the decay to the chunk's end d, and
     e^G q, e^(G_C - G) k, -W, U and A, rounded at the points named in `rounded`."""
-    def at(point, x):
-        return r16(x) if point in rounded else x
-
     n = c1 - c0
     G = np.cumsum(g[c0:c1], 0)
     Qg = qn[c0:c1] * np.exp(G); Kg = kn[c0:c1] * np.exp(G); Kd = kn[c0:c1] * np.exp(G[-1] - G)
@@ -104,19 +106,17 @@ def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
     else:
         Tm = np.linalg.inv(np.eye(n) + L)
         W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
-    return np.exp(G[-1]), at("Qg", Qg), at("Kd", Kd), at("W", W), U, at("A", A)
+    return (np.exp(G[-1]), rounded_at(rounded, "Qg", Qg), rounded_at(rounded, "Kd", Kd),
+            rounded_at(rounded, "W", W), U, rounded_at(rounded, "A", A))
 
 
 def chain_step(S, ops, rounded, U=None):
     """One chunk of the chain on S (K x columns): the state operand and Vnew rounded where
     `rounded` says; U replaces the chunk's own (zero for the transition's identity rows)."""
-    def at(point, x):
-        return r16(x) if point in rounded else x
-
     d, Qg, Kd, W, U0, A = ops
-    Sop = at("S", S)
-    Vop = at("Vnew", (U0 if U is None else U) - W @ Sop)
-    return at("S stored", d[:, None] * S + Kd.T @ Vop), Qg @ Sop + A @ Vop
+    Sop = rounded_at(rounded, "S", S)
+    Vop = rounded_at(rounded, "Vnew", (U0 if U is None else U) - W @ Sop)
+    return rounded_at(rounded, "S stored", d[:, None] * S + Kd.T @ Vop), Qg @ Sop + A @ Vop
 
 
 def chunked(qn, kn, v, g, beta, S0, rounded, span=0):
