@@ -35,6 +35,22 @@ __device__ __forceinline__ float load_f32(const void* base, DType dtype, std::in
   }
 }
 
+// load_f32 in two halves, so that a caller can issue several loads of a runtime dtype before it
+// converts the first: the element's bits (a 16-bit element in the low half), then its value.
+__device__ __forceinline__ std::uint32_t load_bits(const void* base, DType dtype,
+                                                   std::int64_t index) {
+  if (dtype == DType::f16 || dtype == DType::bf16)
+    return static_cast<const std::uint16_t*>(base)[index];
+  return static_cast<const std::uint32_t*>(base)[index];
+}
+__device__ __forceinline__ float bits_to_f32(std::uint32_t bits, DType dtype) {
+  switch (dtype) {
+    case DType::f16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    case DType::bf16: return __uint_as_float(bits << 16);
+    default: return __uint_as_float(bits);
+  }
+}
+
 // ---- reductions ---------------------------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float x) {

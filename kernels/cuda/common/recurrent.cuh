@@ -64,7 +64,9 @@ template <int kCh> struct LaneTokenInputs {
 };
 
 // Loads one token of value head hv on the channels channel(0..kCh-1) of this lane. Every load is
-// issued before the first use, so it costs one memory round trip.
+// issued before the first conversion, so it costs one memory round trip: the gate and beta, whose
+// dtype is the call's, are loaded as raw bits (load_bits) and converted after, since converting
+// each where it was loaded (load_f32's branch per element) put a round trip per element in series.
 template <class IO, int K, int kCh, class Channel>
 __device__ __forceinline__ LaneTokenInputs<kCh> load_lane_token(const TokenInputs& in, int hv,
                                                                 std::int64_t token,
@@ -75,23 +77,31 @@ __device__ __forceinline__ LaneTokenInputs<kCh> load_lane_token(const TokenInput
   const IO* kp = static_cast<const IO*>(in.k.data) + token * in.k.token_stride + h * in.k.head_stride;
   const std::int64_t gate_base = token * in.gate.token_stride + hv * in.gate.head_stride;
   LaneTokenInputs<kCh> x;
+  std::uint32_t gate_bits[kCh];
 #pragma unroll
   for (int i = 0; i < kCh; ++i) {
     const int c = channel(i);
     x.k[i] = to_f32(kp[c]);
     x.q[i] = to_f32(qp[c]);
-    x.gate[i] = load_f32(in.gate.data, in.gate_dtype, gate_base + c);
+    gate_bits[i] = load_bits(in.gate.data, in.gate_dtype, gate_base + c);
     x.bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
   }
   x.a_log = raw_gate ? in.A_log[hv] : 0.f;
-  x.b = load_f32(in.beta.data, in.beta_dtype, token * in.beta.token_stride + hv * in.beta.head_stride);
+  const std::uint32_t b_bits =
+      load_bits(in.beta.data, in.beta_dtype, token * in.beta.token_stride + hv * in.beta.head_stride);
+#pragma unroll
+  for (int i = 0; i < kCh; ++i) x.gate[i] = bits_to_f32(gate_bits[i], in.gate_dtype);
+  x.b = bits_to_f32(b_bits, in.beta_dtype);
   return x;
 }
 
 // Prepares a token from its loaded inputs: the norms and k . q are summed over aligned groups of
 // kGroup lanes that together own all K channels. Every lane of the warp must call it (the sums
-// shuffle across the warp).
-template <int K, int kCh, int kGroup>
+// shuffle across the warp). kFastSoftplus: the softplus gate as log(1 + e^x) by the MUFU
+// instructions (about 5 instructions a channel instead of log1pf's ~35), for a kernel bound by
+// instruction issue whose inputs are 16-bit: its error, at most ~1e-7 of g absolute, is far
+// below the inputs' rounding (prefill's prepare kernel forms its 16-bit gates the same way).
+template <int K, int kCh, int kGroup, bool kFastSoftplus = false>
 __device__ __forceinline__ LaneToken<kCh> finish_lane_token(const TokenInputs& in,
                                                             const LaneTokenInputs<kCh>& x) {
   static_assert(kCh * kGroup == K);
@@ -133,7 +143,8 @@ __device__ __forceinline__ LaneToken<kCh> finish_lane_token(const TokenInputs& i
     if (raw_gate) {
       const float gx = g + x.bias[i];
       if (in.gate_kind == GateKind::softplus) {
-        const float softplus = gx > 20.f ? gx : log1pf(expf(gx));
+        const float softplus =
+            gx > 20.f ? gx : (kFastSoftplus ? __logf(1.f + __expf(gx)) : log1pf(expf(gx)));
         g = -a_exp * softplus;
       } else {
         g = in.lower_bound / (1.f + expf(-a_exp * gx));

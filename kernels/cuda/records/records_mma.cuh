@@ -31,6 +31,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "records/records_common.cuh"
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(128 * kN)
                   t * d.records.step_stride;
   LaneToken<kPerLane> token{};
   if (t < row.length) {
-    token = finish_lane_token<K, kPerLane, 32>(
+    token = finish_lane_token<K, kPerLane, 32, !std::is_same_v<IO, float>>(
         d.in, load_lane_token<IO, K, kPerLane>(d.in, bc.hv, row.first_token + t,
                                                [&](int i) { return lane + 32 * i; }));
 #pragma unroll
