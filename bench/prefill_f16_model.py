@@ -6,7 +6,10 @@ round (prefill_prepare.cuh writes e^G q, e^(G_C - G) k, -W and A in f16; prefill
 the state to f16 as the products' operand and Vnew before both of its products), each of which can
 be switched on alone, and two points of the prepare kernel's own arithmetic ("LA split": L and A
 from bf16 hi + lo tiles as the f16 kernel forms them; "solve f32": W and U by forward
-substitution in f32), and the split chain ("split": spans of two chunks, each span's transition
+substitution in f32), the cumulative gate as an f32 running sum in log2 units ("G f32": how the
+prepare kernel formed it before the f16 kernel carried the sum's rounding error, kCompensatedGate;
+after a strong token every later G is ~2e4, and its f32 rounding alone put the f16 state at up to
+4x its floor), and the split chain ("split": spans of two chunks, each span's transition
 from the identity and its Q from zero, the combine with E and the entering state rounded to f16
 for their product), on calls drawn as the conformance generator draws the short softplus class
 (properties/support/problem.cpp: q, v uniform in [-1, 1], L2-normed q and k, raw gate a uniform in
@@ -79,7 +82,15 @@ def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
     """One chunk's operands as the prepare kernel leaves them: the decay to the chunk's end d, and
     e^G q, e^(G_C - G) k, -W, U and A, rounded at the points named in `rounded`."""
     n = c1 - c0
-    G = np.cumsum(g[c0:c1], 0)
+    if "G f32" in rounded:
+        # the prepare kernel's cumulative gate: a running f32 sum of f32 gates in log2 units
+        running, G2 = np.zeros(g.shape[1], np.float32), []
+        for r in range(c0, c1):
+            running = running + (g[r] * np.log2(np.e)).astype(np.float32)
+            G2.append(running.copy())
+        G = np.array(G2).astype(np.float64) / np.log2(np.e)
+    else:
+        G = np.cumsum(g[c0:c1], 0)
     Qg = qn[c0:c1] * np.exp(G); Kg = kn[c0:c1] * np.exp(G); Kd = kn[c0:c1] * np.exp(G[-1] - G)
     L = np.zeros((n, n)); A = np.zeros((n, n))
     for i in range(n):
@@ -160,6 +171,8 @@ def main():
     variants["LA split alone"] = {"LA split"}
     variants["solve f32 alone"] = {"solve f32"}
     variants["all + LA split + f32"] = KERNEL_ROUNDINGS | {"LA split", "solve f32"}
+    variants["G f32 alone"] = {"G f32"}
+    variants["all + G f32"] = KERNEL_ROUNDINGS | {"G f32"}
     variants["split, spans of 2"] = (KERNEL_ROUNDINGS | {"combine"}, 2)
     variants["split, combine alone"] = ({"combine"}, 2)
     rows = {name: [] for name in variants}

@@ -57,11 +57,12 @@ template <int K, int V, bool kSplitTiles> struct PrepareShared {
   alignas(16) __nv_bfloat16 Qp_lo[kLoRows][kLdK];  // the lo parts (kSplitTiles)
   alignas(16) __nv_bfloat16 Kp_lo[kLoRows][kLdK];
   alignas(16) __nv_bfloat16 Kn_lo[kLoRows][kLdK];
-  // The raw gate rows (16- or 32-bit) until the gates are formed; then the cumulative gate in
-  // log2 units, for the per-pair path.
+  // The raw gate rows (16- or 32-bit) until the gates are formed; then, for the per-pair path,
+  // the gates in log2 units: with f16 inputs each token's own g, whose sums give G_i - G_j (see
+  // kCompensatedGate in the kernel), with bf16 inputs the cumulative G.
   union {
     std::uint32_t gate_raw[kChunk][K];
-    float G[kChunk][K];
+    float gates[kChunk][K];
   };  // 16-byte aligned: everything before it is whole 16-byte rows (asserted in the kernel)
   alignas(16) float Lt[kChunk][kChunk];       // L transposed: Lt[j][i] = L[i][j]
   float q_scale[kChunk];  // L2 norm (optional) and scale
@@ -84,6 +85,15 @@ __global__ void __launch_bounds__(kPrepareThreads)
   using Ops = ChunkOperands<K, V>;
   using Io = IoBits<IO>;
   constexpr bool kSplitTiles = std::is_same_v<IO, __half>;
+  // f16 inputs: the cumulative gate G is carried with its rounding error G_lo (G + G_lo is the
+  // sum to about twice f32's precision), and a difference of two G is taken as
+  // (G_i - G_j) + (G_lo_i - G_lo_j). A strong gate (softplus of a = 1000 at rate 16 is g = -2.3e4
+  // in log2 units) leaves every later row of its chunk with a G of that size, where an f32 ulp is
+  // 2e-3, so the decays between those rows, e^(G_i - G_j) with G_i - G_j small, carried errors of
+  // ~1e-3 into e^(G_C - G) k, the tiles, L and A: twice f16's own rounding, which held the f16
+  // state at 2-3x its rounding floor (bench/prefill_f16_model.py, "G f32"). bf16's rounding (4e-3)
+  // hides it, and bf16 keeps the plain sum.
+  constexpr bool kCompensatedGate = std::is_same_v<IO, __half>;
   using Shared = PrepareShared<K, V, kSplitTiles>;
   __shared__ Shared sm;
   static_assert(offsetof(Shared, gate_raw) % 16 == 0);
@@ -157,6 +167,16 @@ __global__ void __launch_bounds__(kPrepareThreads)
   // The gate's dtype and form are dispatched outside the row loop, so its body has no branch.
   const int ch = tid;
   float G[kChunk];
+  float G_lo[kCompensatedGate ? kChunk : 1] = {};  // see kCompensatedGate
+  // G_i - G_j, exact to f32's rounding of the difference where the gate is compensated.
+  const auto gap = [&](float gi, float gi_lo, float gj, float gj_lo) {
+    if constexpr (kCompensatedGate) return (gi - gj) + (gi_lo - gj_lo);
+    return gi - gj;
+  };
+  const auto lo_of = [&](int r) {
+    if constexpr (kCompensatedGate) return G_lo[r];
+    return 0.f;
+  };
   if (ch < K) {
     const GateConstants gate = gate_constants(p.in, hv);
     const float bias = (p.in.gate_kind != GateKind::activated && p.in.dt_bias != nullptr)
@@ -165,10 +185,20 @@ __global__ void __launch_bounds__(kPrepareThreads)
     // activate(x) is the token's g in log2 units, the constants folded into one factor each.
     auto gate_rows = [&](auto raw_gate, auto activate) {
       float running = 0.f;
+      [[maybe_unused]] float running_lo = 0.f;
 #pragma unroll
       for (int r = 0; r < kChunk; ++r) {
         const float g = activate(raw_gate(r) + bias);
-        running += r < rows ? g : 0.f;
+        if constexpr (kCompensatedGate) {
+          // running + x = sum + its rounding error, exactly (Knuth's two-sum)
+          const float x = r < rows ? g : 0.f;
+          const float sum = running + x, x_part = sum - running;
+          running_lo += (running - (sum - x_part)) + (x - x_part);
+          running = sum;
+          G_lo[r] = running_lo;
+        } else {
+          running += r < rows ? g : 0.f;
+        }
         G[r] = running;
       }
     };
@@ -247,9 +277,10 @@ __global__ void __launch_bounds__(kPrepareThreads)
   float X[kChunk] = {};  // beta e^G k, key column ch
   if (ch < K) {
     const float pivot = G[kPivotRow], total = G[kChunk - 1];
+    const float pivot_lo = lo_of(kPivotRow), total_lo = lo_of(kChunk - 1);
     float span = 0.f;
 #pragma unroll
-    for (int r = 0; r < kChunk; ++r) span = fmaxf(span, fabsf(G[r] - pivot));
+    for (int r = 0; r < kChunk; ++r) span = fmaxf(span, fabsf(gap(G[r], lo_of(r), pivot, pivot_lo)));
     // Per element: up = 2^(G - G_p) and down = 2^(G_p - G). When every row of this channel is
     // within the span limit the decays follow from them and two per-channel factors,
     // e^G = up 2^G_p and e^(G_C - G) = 2^(G_C - G_p) down (a factor that underflows stands for a
@@ -268,11 +299,14 @@ __global__ void __launch_bounds__(kPrepareThreads)
       for (int r = 0; r < kChunk; ++r) {
         const float q = Io::to_f32(sm.q[r][ch]) * sm.q_scale[r];
         const float k = Io::to_f32(sm.k[r][ch]) * sm.k_scale[r];
-        const float dc = fminf(fmaxf(G[r] - pivot, -kSpanLimit), kSpanLimit);
+        const float dc = fminf(fmaxf(gap(G[r], lo_of(r), pivot, pivot_lo), -kSpanLimit), kSpanLimit);
         const float up = exp2_ftz(dc), down = exp2_ftz(-dc);  // normal: |dc| <= kSpanLimit < 126
         float decay, to_end;
-        decays(G[r], up, down, decay, to_end);
-        sm.G[r][ch] = G[r];
+        decays(r, up, down, decay, to_end);
+        if constexpr (kCompensatedGate)
+          sm.gates[r][ch] = r == 0 ? G[0] : gap(G[r], lo_of(r), G[r - 1], lo_of(r - 1));
+        else
+          sm.gates[r][ch] = G[r];
         X[r] = sm.beta[r] * decay * k;
         tile(sm.Qp, sm.Qp_lo, r, q * up);
         tile(sm.Kp, sm.Kp_lo, r, k * up);
@@ -282,15 +316,16 @@ __global__ void __launch_bounds__(kPrepareThreads)
       }
     };
     if (span <= kSpanLimit) {
-      const float pivot_decay = exp2f(pivot), pivot_to_end = exp2f(total - pivot);
-      tile_rows([&](float, float up, float down, float& decay, float& to_end) {
+      const float pivot_decay = exp2f(pivot);
+      const float pivot_to_end = exp2f(gap(total, total_lo, pivot, pivot_lo));
+      tile_rows([&](int, float up, float down, float& decay, float& to_end) {
         decay = up * pivot_decay;
         to_end = pivot_to_end * down;
       });
     } else {
-      tile_rows([&](float g, float, float, float& decay, float& to_end) {
-        decay = exp2f(g);
-        to_end = exp2f(total - g);
+      tile_rows([&](int r, float, float, float& decay, float& to_end) {
+        decay = exp2f(G[r]);
+        to_end = exp2f(gap(total, total_lo, G[r], lo_of(r)));
       });
     }
     reinterpret_cast<float*>(ops + Ops::kDecay)[ch] = exp2f(total);
@@ -334,7 +369,50 @@ __global__ void __launch_bounds__(kPrepareThreads)
         sm.Lt[j][i] = i > j ? sm.beta[i] * val : 0.f;
       }
     }
+  } else if constexpr (kCompensatedGate) {
+    // Per pair i >= j in f32, a warp per column j (warp w: j = w, 7 - w, 8 + w, 15 - w, 34 pairs
+    // each), walking i down the column: the exponent G_i - G_j is summed from the gates
+    // g_(j+1..i), so it is as exact as its own f32 sum whatever the size of G itself.
+    for (int e = tid; e < kChunk * kChunk; e += kPrepareThreads) {
+      const int i = e / kChunk, j = e % kChunk;
+      if (i < j) {
+        sm.Lt[j][i] = 0.f;
+        A_out[i * kChunk + j] = Io::round(0.f);
+      }
+    }
+    constexpr int kPerLane = K / 32;
+#pragma unroll 1
+    for (int column = 0; column < 4; ++column) {
+      const int j = 8 * (column / 2) + (column % 2 == 0 ? warp : 7 - warp);
+      const float ks_j = sm.k_scale[j];
+      float k_j[kPerLane], exponent[kPerLane];
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        k_j[u] = Io::to_f32(sm.k[j][lane + 32 * u]) * ks_j;
+        exponent[u] = 0.f;
+      }
+#pragma unroll 1
+      for (int i = j; i < kChunk; ++i) {
+        const float qs = sm.q_scale[i], ks_i = sm.k_scale[i];
+        float kk = 0.f, qk = 0.f;
+#pragma unroll
+        for (int u = 0; u < kPerLane; ++u) {
+          const int x = lane + 32 * u;
+          if (i > j) exponent[u] += sm.gates[i][x];
+          const float decayed_kj = k_j[u] * exp2f(exponent[u]);
+          kk += Io::to_f32(sm.k[i][x]) * ks_i * decayed_kj;
+          qk += Io::to_f32(sm.q[i][x]) * qs * decayed_kj;
+        }
+        kk = detail::warp_sum(kk);
+        qk = detail::warp_sum(qk);
+        if (lane == 0) {
+          sm.Lt[j][i] = i > j ? sm.beta[i] * kk : 0.f;
+          A_out[i * kChunk + j] = Io::round(qk);
+        }
+      }
+    }
   } else {
+    // Per pair i >= j in f32, with the unfactorised exponent G_i - G_j of the cumulative gates.
     for (int e = warp; e < kChunk * kChunk; e += kPrepareWarps) {
       const int i = e / kChunk, j = e % kChunk;
       float kk = 0.f, qk = 0.f;
@@ -342,7 +420,8 @@ __global__ void __launch_bounds__(kPrepareThreads)
         const float qs = sm.q_scale[i], ks_i = sm.k_scale[i], ks_j = sm.k_scale[j];
 #pragma unroll
         for (int x = lane; x < K; x += 32) {
-          const float decayed_kj = Io::to_f32(sm.k[j][x]) * ks_j * exp2f(sm.G[i][x] - sm.G[j][x]);
+          const float decayed_kj =
+              Io::to_f32(sm.k[j][x]) * ks_j * exp2f(sm.gates[i][x] - sm.gates[j][x]);
           kk += Io::to_f32(sm.k[i][x]) * ks_i * decayed_kj;
           qk += Io::to_f32(sm.q[i][x]) * qs * decayed_kj;
         }
