@@ -16,13 +16,23 @@ for their product), on calls drawn as the conformance generator draws the short 
 [-4, 4] with 5% strong tokens at 1000, exp(A_log) in [1, 16], dt log-uniform in [1e-3, 1e-1],
 beta logits in [-3, 3], initial state uniform in [-1, 1]; 63 and 160 tokens, K = 128, V = 64).
 Prints each variant's state and out error over their f16 rounding floors, as prefill_conformance
-reports them (bench/NOTES_prefill.md, v9).
+reports them (bench/NOTES_prefill.md, v9). --bounded LB draws F16NearItsRoundingFloor's bounded
+class instead: g = LB / (1 + e^(-exp(A_log) (a + dt_bias))), A_log uniform in [-0.5, 0.5], a in
+[-4, 4], no strong tokens, K = V = 128, sequences of 1000, 65, 17 and 2100 tokens.
 
-    python3 bench/prefill_f16_model.py [seed]
+    python3 bench/prefill_f16_model.py [seed] [--bounded LB]
 """
-import numpy as np, sys
-K, V, C = 128, 64, 16
-rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+import argparse
+
+import numpy as np
+
+K, C = 128, 16
+parser = argparse.ArgumentParser(description="A rounding model of the f16 prefill.")
+parser.add_argument("seed", nargs="?", type=int, default=0)
+parser.add_argument("--bounded", type=float, metavar="LB", help="the bounded gate at lower bound LB")
+args = parser.parse_args()
+V = 128 if args.bounded is not None else 64
+rng = np.random.default_rng(args.seed)
 
 
 def r16(x):
@@ -48,9 +58,13 @@ def split_product(a, b):
 def draw(T, strong=0.05):
     q = r16(rng.uniform(-1, 1, (T, K))); k = r16(rng.uniform(-1, 1, (T, K))); v = r16(rng.uniform(-1, 1, (T, V)))
     a = rng.uniform(-4, 4, (T, K)); a[rng.random((T, K)) < strong] = 1000.0; a = r16(a)
-    rate = rng.uniform(1, 16); dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), K)); bias = np.log(np.expm1(dt))
-    x = a + bias; sp = np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
-    g = -rate * sp
+    rate = rng.uniform(1, 16) if args.bounded is None else np.exp(rng.uniform(-0.5, 0.5))
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), K)); bias = np.log(np.expm1(dt))
+    x = a + bias
+    if args.bounded is None:
+        g = -rate * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+    else:
+        g = args.bounded / (1 + np.exp(-rate * x))
     b = r16(rng.uniform(-3, 3, T)); beta = 1 / (1 + np.exp(-b))
     S0 = rng.uniform(-1, 1, (K, V)).astype(np.float32).astype(np.float64)
     qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
@@ -167,6 +181,7 @@ def main():
     variants.update({f"{point} alone": {point} for point in sorted(KERNEL_ROUNDINGS)})
     variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
     variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
+    variants["all but Qg"] = KERNEL_ROUNDINGS - {"Qg"}
     variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
     variants["LA split alone"] = {"LA split"}
     variants["solve f32 alone"] = {"solve f32"}
@@ -176,15 +191,15 @@ def main():
     variants["split, spans of 2"] = (KERNEL_ROUNDINGS | {"combine"}, 2)
     variants["split, combine alone"] = ({"combine"}, 2)
     rows = {name: [] for name in variants}
-    for T in (63, 160):
-        for _ in range(3):
-            d = draw(T)
-            Se, Oe = exact(*d)
-            fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
-            for name, variant in variants.items():
-                rounded, span = variant if isinstance(variant, tuple) else (variant, 0)
-                S, O = chunked(*d, rounded, span)
-                rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
+    lengths = (63,) * 3 + (160,) * 3 if args.bounded is None else (1000, 65, 17, 2100) * 2
+    for T in lengths:
+        d = draw(T, strong=0.05 if args.bounded is None else 0.0)
+        Se, Oe = exact(*d)
+        fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
+        for name, variant in variants.items():
+            rounded, span = variant if isinstance(variant, tuple) else (variant, 0)
+            S, O = chunked(*d, rounded, span)
+            rows[name].append((rel(S, Se) / fs, rel(O, Oe) / fo))
     for name, r in rows.items():
         r = np.array(r)
         print(f"{name:22s} state/floor mean {r[:, 0].mean():.2f} max {r[:, 0].max():.2f}   "
