@@ -141,7 +141,8 @@ def chain_step(S, ops, rounded, U=None):
     d, Qg, Kd, W, U0, A = ops
     Sop = rounded_at(rounded, "S", S)
     Vop = rounded_at(rounded, "Vnew", (U0 if U is None else U) - W @ Sop)
-    return rounded_at(rounded, "S stored", d[:, None] * S + Kd.T @ Vop), Qg @ Sop + A @ Vop
+    Sout = S if "S split for out" in rounded else Sop  # the output product's state operand
+    return rounded_at(rounded, "S stored", d[:, None] * S + Kd.T @ Vop), Qg @ Sout + A @ Vop
 
 
 def chunked(qn, kn, v, g, beta, S0, rounded, span=0):
@@ -182,6 +183,7 @@ def main():
     variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
     variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
     variants["all but Qg"] = KERNEL_ROUNDINGS - {"Qg"}
+    variants["all, S split for out"] = KERNEL_ROUNDINGS | {"S split for out"}
     variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
     variants["LA split alone"] = {"LA split"}
     variants["solve f32 alone"] = {"solve f32"}
