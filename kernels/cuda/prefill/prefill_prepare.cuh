@@ -412,7 +412,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
       }
     }
   } else {
-    // Per pair i >= j in f32, with the unfactorised exponent G_i - G_j of the cumulative gates.
+    // Per pair i >= j in f32, with the unfactorised exponent G_i - G_j of the cumulative gates:
+    // bf16's loop as it was before the f16 form above, kept apart so that its kernel's code is
+    // unchanged (a shared body compiled to different SASS).
     for (int e = warp; e < kChunk * kChunk; e += kPrepareWarps) {
       const int i = e / kChunk, j = e % kChunk;
       float kk = 0.f, qk = 0.f;
