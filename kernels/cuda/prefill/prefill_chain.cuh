@@ -8,7 +8,8 @@
 // accumulators, whose layout is exactly the B-operand layout of the products with S^T, so only a
 // 16-bit conversion (bf16 or f16, the inputs' dtype) sits between them. Per chunk, per warp:
 //   Vnew = U + (-W) S^T       8 (K = 128) dependent k-steps, two partial sums
-//   O    = (e^G Q) S^T + A Vnew   off the dependent path, written out
+//   O    = (e^G Q) S^T + A Vnew   off the dependent path, written out (with f16 operands S^T
+//                                 enters as f16(S) + f16(S - f16(S)), two products)
 //   S    = S diag(e^(G_C)) + Vnew^T Kd
 // Vnew goes from accumulator to A/B operand in registers (movmatrix transposes). The operands of
 // the next kStages - 1 chunks are in flight (cp.async ring) while a chunk computes.
@@ -317,6 +318,15 @@ __global__ void __launch_bounds__(32 * kWarps)
           operand(aq);
           mma16<T>(out[0], aq, b_lo0, b_lo1);
           mma16<T>(out[1], aq, b_hi0, b_hi1);
+          if constexpr (std::is_same_v<T, __half>) {
+            // f16 keeps 11 bits of S, which alone leaves out near twice its rounding floor; the
+            // product with what that rounding dropped, S - f16(S), gives out S to ~22 bits. Off
+            // the state's dependent chain; Vnew keeps the one product (its error is U's scale).
+            mma16<T>(out[0], aq, f16_residual_pack(S[2 * ks][0], S[2 * ks][1]),
+                     f16_residual_pack(S[2 * ks + 1][0], S[2 * ks + 1][1]));
+            mma16<T>(out[1], aq, f16_residual_pack(S[2 * ks][2], S[2 * ks][3]),
+                     f16_residual_pack(S[2 * ks + 1][2], S[2 * ks + 1][3]));
+          }
         }
       }
       float vsum[2][4];

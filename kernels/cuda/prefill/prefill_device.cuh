@@ -135,6 +135,13 @@ template <> struct IoBits<__half> {
   }
 };
 
+// What rounding (lo, hi) to f16 drops, itself rounded to f16, `lo` in the low half: the second
+// term of a two-term f16 split (f16(x) + this = x to about 22 bits while |x| is normal in f16).
+__device__ __forceinline__ std::uint32_t f16_residual_pack(float lo, float hi) {
+  const float2 kept = __half22float2(__floats2half2_rn(lo, hi));
+  return IoBits<__half>::pack(lo - kept.x, hi - kept.y);
+}
+
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);

@@ -510,12 +510,13 @@ TEST(PrefillGpu, CallerWorkspace) {
 // decays included), and for short softplus sequences whose channels decay slowly with 5% strong
 // tokens, where the state is mostly the initial state times its decay (the class of the worst
 // random f16 state). With the prepare kernel's cumulative gate compensated (kCompensatedGate,
-// prefill_prepare.cuh) an H100 measured out 1.70-2.01x and the state 0.94-1.47x on exactly these
-// calls (before it: state 1.89-2.53x on the short sequences; NOTES_prefill.md, 2026-12-07): the
-// factors are the worst measured plus 10%, so a change that loses f16 precision fails here.
+// prefill_prepare.cuh) and the chain's output product taking the state in two f16 terms
+// (f16_residual_pack, prefill_chain.cuh), an H100 measured out 1.52-1.83x and the state 0.94-1.47x
+// on exactly these calls (before the two terms: out 1.70-2.01x; NOTES_prefill.md, 2026-12-07):
+// the factors are the worst measured plus 10%, so a change that loses f16 precision fails here.
 TEST(PrefillGpu, F16NearItsRoundingFloor) {
   KDAGUARD_SKIP_WITHOUT_GPU();
-  constexpr double kF16OutFactor = 2.2, kF16StateFactor = 1.65;
+  constexpr double kF16OutFactor = 2.0, kF16StateFactor = 1.65;
   // One call split at `span`, judged against the f64 reference and against the floors.
   const auto judge = [&](const CallPlan& s, std::uint64_t seed, std::int32_t span, const std::string& label) {
     const Judgement j = run_and_judge(s, seed, Launch::split, span);
