@@ -144,6 +144,27 @@ template <> struct StateVec<__nv_bfloat16> {
   }
 };
 
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Asynchronous global -> shared copies (cp.async, 16 bytes, L2 only), in groups a thread commits
+// and waits for: a thread waits only for its own copies.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending> __device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Streaming accesses: every state byte is touched once per call, so keep it from evicting the
 // small, reused inputs.
 __device__ __forceinline__ uint4 load_stream(const void* p) {

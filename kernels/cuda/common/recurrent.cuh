@@ -318,6 +318,24 @@ template <class ST, int K> struct ChunkRows {
                    : make_uint4(0, 0, 0, 0);
     }
   }
+  // Issues the copies of the thread's part of a chunk into its column of a ring slot (below):
+  // zeros past V.
+  __device__ __forceinline__ void copy(const ST* head, int V, int chunk,
+                                       uint4 (&slot)[4][kRowThreads]) const {
+#pragma unroll
+    for (int r = 0; r < Tile::kRows; ++r) {
+      const int at = row(chunk, r);
+#pragma unroll
+      for (int c = 0; c < Tile::kVecs; ++c) {
+        uint4& dst = slot[r * Tile::kVecs + c][threadIdx.x];
+        if (at < V)
+          cp_async_16(&dst, head + static_cast<std::int64_t>(at) * K +
+                                (c * Tile::kLanes + group_lane) * Tile::kPerVec);
+        else
+          dst = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
   __device__ __forceinline__ void unpack(const uint4 (&raw)[4], int r, float (&s)[16]) const {
 #pragma unroll
     for (int c = 0; c < Tile::kVecs; ++c)
@@ -358,6 +376,44 @@ __device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, co
   uint4 even[4];
   rows.load(head, V, 0, even);
   pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, even, static_cast<Process&&>(process));
+}
+
+// The chunks through a ring of kDepth slots in shared memory (cp.async), for a kernel whose
+// registers leave room for only the one chunk ahead that the pipeline above keeps: kDepth chunks
+// are in flight before the first is computed and kDepth - 1 while each is. A thread copies and
+// reads only its own column, so no barrier is needed.
+template <int kDepth> struct ChunkRing {
+  uint4 raw[kDepth][4][kRowThreads];
+};
+
+// Issues the copies of the first kDepth chunks (ring_chunks' prologue, split from it so that a
+// caller can issue a token's small loads ahead of them and prepare the token while they fly).
+template <class ST, int K, int kDepth>
+__device__ __forceinline__ void fill_ring(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                          int chunks, ChunkRing<kDepth>& ring) {
+#pragma unroll
+  for (int i = 0; i < kDepth; ++i) {
+    if (i < chunks) rows.copy(head, V, i, ring.raw[i]);
+    cp_async_commit();  // one group per chunk, empty past the end, so the counts stay uniform
+  }
+}
+
+// Walks `chunks` chunks from a filled ring: process(raw, chunk) gets each chunk's raw vectors in
+// order; a slot is refilled once its chunk is processed.
+template <class ST, int K, int kDepth, class Process>
+__device__ __forceinline__ void ring_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                            int chunks, ChunkRing<kDepth>& ring,
+                                            Process&& process) {
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    cp_async_wait_pending<kDepth - 1>();
+    uint4(&slot)[4][kRowThreads] = ring.raw[chunk % kDepth];
+    uint4 raw[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) raw[j] = slot[j][threadIdx.x];
+    process(raw, chunk);
+    if (chunk + kDepth < chunks) rows.copy(head, V, chunk + kDepth, slot);
+    cp_async_commit();
+  }
 }
 
 }  // namespace kdaguard::gpu::detail

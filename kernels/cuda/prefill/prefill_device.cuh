@@ -16,7 +16,12 @@
 
 namespace kdaguard::gpu::prefill {
 
+using detail::cp_async_16;
+using detail::cp_async_commit;
+using detail::cp_async_wait_all;
+using detail::cp_async_wait_pending;
 using detail::GuardState;
+using detail::smem_address;
 namespace vc = kdaguard::value_checks;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -154,10 +159,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
 //   B (16x8):             b0 = B[2q..][group], b1 = B[8+2q..][group]
 //   C/D (16x8, f32):      d0,d1 = D[group][2q, 2q+1], d2,d3 = D[group+8][2q, 2q+1]
 
-__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -220,23 +221,6 @@ __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   std::uint32_t r;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
   return r;
-}
-
-// ---- asynchronous global -> shared copies ----------------------------------------------------
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending> __device__ __forceinline__ void cp_async_wait_pending() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace kdaguard::gpu::prefill
