@@ -305,19 +305,6 @@ template <class ST, int K> struct ChunkRows {
   }
   __device__ __forceinline__ int row(int chunk, int r) const { return block_row0 + local(chunk, r); }
 
-  // Issues the loads of the thread's part of a chunk: raw 16-byte vectors, zeros past V.
-  __device__ __forceinline__ void load(const ST* head, int V, int chunk, uint4 (&raw)[4]) const {
-#pragma unroll
-    for (int r = 0; r < Tile::kRows; ++r) {
-      const int at = row(chunk, r);
-#pragma unroll
-      for (int c = 0; c < Tile::kVecs; ++c)
-        raw[r * Tile::kVecs + c] =
-            at < V ? load_stream(head + static_cast<std::int64_t>(at) * K +
-                                 (c * Tile::kLanes + group_lane) * Tile::kPerVec)
-                   : make_uint4(0, 0, 0, 0);
-    }
-  }
   // Issues the copies of the thread's part of a chunk into its column of a ring slot (below):
   // zeros past V.
   __device__ __forceinline__ void copy(const ST* head, int V, int chunk,
@@ -350,38 +337,10 @@ template <class ST, int K> struct ChunkRows {
   }
 };
 
-// Walks `chunks` chunks with the next chunk's loads in flight while the current one is computed:
-// process(raw, chunk) gets each chunk's raw vectors in order, chunk 0's already issued into `even`
-// by rows.load (so a caller can prepare its steps while they are in flight). Two named buffers
-// (not an indexed array) keep both in registers.
-template <class ST, int K, class Process>
-__device__ __forceinline__ void pipeline_preloaded_chunks(const ChunkRows<ST, K>& rows,
-                                                          const ST* head, int V, int chunks,
-                                                          uint4 (&even)[4], Process&& process) {
-  uint4 odd[4];
-  for (int chunk = 0; chunk < chunks; chunk += 2) {
-    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
-    process(even, chunk);
-    if (chunk + 1 < chunks) {
-      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
-      process(odd, chunk + 1);
-    }
-  }
-}
-
-// pipeline_preloaded_chunks from the first chunk's loads.
-template <class ST, int K, class Process>
-__device__ __forceinline__ void pipeline_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
-                                                int chunks, Process&& process) {
-  uint4 even[4];
-  rows.load(head, V, 0, even);
-  pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, even, static_cast<Process&&>(process));
-}
-
-// The chunks through a ring of kDepth slots in shared memory (cp.async), for a kernel whose
-// registers leave room for only the one chunk ahead that the pipeline above keeps: kDepth chunks
-// are in flight before the first is computed and kDepth - 1 while each is. A thread copies and
-// reads only its own column, so no barrier is needed.
+// The chunks through a ring of kDepth slots in shared memory (cp.async): kDepth chunks are in
+// flight before the first is computed and kDepth - 1 while each is, without the registers a
+// pipeline of loads into registers holds (with four blocks an SM, room for one chunk ahead). A
+// thread copies and reads only its own column, so no barrier is needed.
 template <int kDepth> struct ChunkRing {
   uint4 raw[kDepth][4][kRowThreads];
 };

@@ -57,6 +57,10 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   using Tile = RowTile<ST, K>;
   __shared__ std::conditional_t<kReplay, ReplaySteps<K>, NoShared> replay_sm;
   __shared__ std::conditional_t<kDraft, StepInputs<K, kRecordStepBatch>, NoShared> draft_sm;
+  // Chunks of state in flight (ChunkRing): two beside accept_verify's 28.5 KB of replayed and
+  // drafted steps (under the 48 KB of static shared memory), three otherwise.
+  constexpr int kRingDepth = kReplay && kDraft ? 2 : 3;
+  __shared__ ChunkRing<kRingDepth> ring;
   // Launched as the programmatic dependant of the stream's previous kernel (launch_records_tile).
   wait_for_prior_grids();
   allow_next_grid();
@@ -177,19 +181,19 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   // (commit.accepted, accept.prior_accepted, verify.row_length) is disabled: skipped whole.
   if (kFitsBatch && !one_batch) return;
   if (one_batch) {
-    uint4 first[4];
-    rows.load(head, V, 0, first);
+    fill_ring<ST, K>(rows, head, V, chunks, ring);
     if (replay_steps > 0) prepare_replay(0);
     if (length > 0) prepare_draft(0);
-    pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, first,
-                                     [&](const uint4 (&raw)[4], int chunk) {
-                                       process.template operator()<true>(raw, chunk);
-                                     });
+    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
+      process.template operator()<true>(raw, chunk);
+    });
   } else if constexpr (!kFitsBatch) {
-    pipeline_chunks<ST, K>(rows, head, V, chunks, [&](const uint4 (&raw)[4], int chunk) {
+    fill_ring<ST, K>(rows, head, V, chunks, ring);
+    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
     });
   }
+  cp_async_wait_all();  // no copy outlives the block (the empty groups past the end included)
 }
 
 template <class Params, class IO, class ST, int K>
