@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "device_common.cuh"
 #include "kdaguard/params.h"
@@ -305,6 +306,19 @@ template <class ST, int K> struct ChunkRows {
   }
   __device__ __forceinline__ int row(int chunk, int r) const { return block_row0 + local(chunk, r); }
 
+  // Issues the loads of the thread's part of a chunk: raw 16-byte vectors, zeros past V.
+  __device__ __forceinline__ void load(const ST* head, int V, int chunk, uint4 (&raw)[4]) const {
+#pragma unroll
+    for (int r = 0; r < Tile::kRows; ++r) {
+      const int at = row(chunk, r);
+#pragma unroll
+      for (int c = 0; c < Tile::kVecs; ++c)
+        raw[r * Tile::kVecs + c] =
+            at < V ? load_stream(head + static_cast<std::int64_t>(at) * K +
+                                 (c * Tile::kLanes + group_lane) * Tile::kPerVec)
+                   : make_uint4(0, 0, 0, 0);
+    }
+  }
   // Issues the copies of the thread's part of a chunk into its column of a ring slot (below):
   // zeros past V.
   __device__ __forceinline__ void copy(const ST* head, int V, int chunk,
@@ -372,6 +386,57 @@ __device__ __forceinline__ void ring_chunks(const ChunkRows<ST, K>& rows, const 
     process(raw, chunk);
     if (chunk + kDepth < chunks) rows.copy(head, V, chunk + kDepth, slot);
     cp_async_commit();
+  }
+}
+
+// Walks `chunks` chunks with the next chunk's loads in flight while the current one is computed:
+// process(raw, chunk) gets each chunk's raw vectors in order, chunk 0's already issued into `even`
+// by rows.load. Two named buffers (not an indexed array) keep both in registers.
+template <class ST, int K, class Process>
+__device__ __forceinline__ void pipeline_preloaded_chunks(const ChunkRows<ST, K>& rows,
+                                                          const ST* head, int V, int chunks,
+                                                          uint4 (&even)[4], Process&& process) {
+  uint4 odd[4];
+  for (int chunk = 0; chunk < chunks; chunk += 2) {
+    if (chunk + 1 < chunks) rows.load(head, V, chunk + 1, odd);
+    process(even, chunk);
+    if (chunk + 1 < chunks) {
+      if (chunk + 2 < chunks) rows.load(head, V, chunk + 2, even);
+      process(odd, chunk + 1);
+    }
+  }
+}
+
+// How a block's chunks of state reach its threads, by the state's dtype. f32: through registers,
+// one chunk ahead (128 registers a thread hold it beside the step's work). 16-bit: through a
+// ChunkRing, where the same register pipeline spilled. Measured on an H100 (bench/NOTES.md, "State
+// chunks through a shared-memory ring"): the ring took bf16 verify from 77-83% to 81-88% of the
+// copy ceiling and made f32 verify 1-2% slower at B = 64.
+template <class ST> inline constexpr bool kChunksThroughRing = sizeof(ST) == 2;
+struct NoRing {};
+template <class ST, int kDepth>
+using StateRing = std::conditional_t<kChunksThroughRing<ST>, ChunkRing<kDepth>, NoRing>;
+
+// start_chunks issues the first chunks' loads (into `first` or the ring), so that a caller can
+// prepare its tokens while they are in flight; walk_chunks then hands process(raw, chunk) every
+// chunk in order and returns with no copy outstanding.
+template <class ST, int K, class Ring>
+__device__ __forceinline__ void start_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                             int chunks, Ring& ring, uint4 (&first)[4]) {
+  if constexpr (std::is_same_v<Ring, NoRing>)
+    rows.load(head, V, 0, first);
+  else
+    fill_ring<ST, K>(rows, head, V, chunks, ring);
+}
+template <class ST, int K, class Ring, class Process>
+__device__ __forceinline__ void walk_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                            int chunks, Ring& ring, uint4 (&first)[4],
+                                            Process&& process) {
+  if constexpr (std::is_same_v<Ring, NoRing>) {
+    pipeline_preloaded_chunks<ST, K>(rows, head, V, chunks, first, static_cast<Process&&>(process));
+  } else {
+    ring_chunks<ST, K>(rows, head, V, chunks, ring, static_cast<Process&&>(process));
+    cp_async_wait_all();  // the empty groups past the end included
   }
 }
 

@@ -57,10 +57,11 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   using Tile = RowTile<ST, K>;
   __shared__ std::conditional_t<kReplay, ReplaySteps<K>, NoShared> replay_sm;
   __shared__ std::conditional_t<kDraft, StepInputs<K, kRecordStepBatch>, NoShared> draft_sm;
-  // Chunks of state in flight (ChunkRing): two beside accept_verify's 28.5 KB of replayed and
-  // drafted steps (under the 48 KB of static shared memory), three otherwise.
+  // Chunks of 16-bit state in flight (start_chunks, walk_chunks): two beside accept_verify's
+  // 28.5 KB of replayed and drafted steps (under the 48 KB of static shared memory), three
+  // otherwise.
   constexpr int kRingDepth = kReplay && kDraft ? 2 : 3;
-  __shared__ ChunkRing<kRingDepth> ring;
+  __shared__ StateRing<ST, kRingDepth> ring;
   // Launched as the programmatic dependant of the stream's previous kernel (launch_records_tile).
   wait_for_prior_grids();
   allow_next_grid();
@@ -181,19 +182,20 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   // (commit.accepted, accept.prior_accepted, verify.row_length) is disabled: skipped whole.
   if (kFitsBatch && !one_batch) return;
   if (one_batch) {
-    fill_ring<ST, K>(rows, head, V, chunks, ring);
+    uint4 first[4];  // the first chunk, where the state is f32 (start_chunks)
+    start_chunks<ST, K>(rows, head, V, chunks, ring, first);
     if (replay_steps > 0) prepare_replay(0);
     if (length > 0) prepare_draft(0);
-    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
+    walk_chunks<ST, K>(rows, head, V, chunks, ring, first, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<true>(raw, chunk);
     });
   } else if constexpr (!kFitsBatch) {
-    fill_ring<ST, K>(rows, head, V, chunks, ring);
-    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
+    uint4 first[4];  // the first chunk, where the state is f32 (start_chunks)
+    start_chunks<ST, K>(rows, head, V, chunks, ring, first);
+    walk_chunks<ST, K>(rows, head, V, chunks, ring, first, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
     });
   }
-  cp_async_wait_all();  // no copy outlives the block (the empty groups past the end included)
 }
 
 template <class Params, class IO, class ST, int K>

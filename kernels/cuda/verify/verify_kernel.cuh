@@ -16,7 +16,8 @@ namespace kdaguard::gpu::detail {
 // reproduces T single-token decodes exactly. Tokens are prepared 8 at a time; rows of up to 8
 // tokens (the usual draft lengths) prepare them once for all chunks.
 inline constexpr int kVerifyStepBatch = 8;  // tokens prepared per barrier
-// Chunks of state in flight (ChunkRing): 24 KB a block beside the 16.5 KB of prepared tokens.
+// Chunks of 16-bit state in flight (start_chunks, walk_chunks): 24 KB a block beside the 16.5 KB
+// of prepared tokens.
 inline constexpr int kVerifyRingDepth = 3;
 
 template <class IO, class ST, int K>
@@ -25,7 +26,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
                   const std::int32_t chunks) {
   using Tile = RowTile<ST, K>;
   __shared__ StepInputs<K, kVerifyStepBatch> sm;
-  __shared__ ChunkRing<kVerifyRingDepth> ring;
+  __shared__ StateRing<ST, kVerifyRingDepth> ring;
 
   const BlockCoords bc = block_coords(p.in.HV, slices);
   const int warp = threadIdx.x / 32;
@@ -121,21 +122,22 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     // of preceding it.
     [[maybe_unused]] LoadedToken<K> first_step;
     if (warp < length) first_step = load_step(warp);
-    fill_ring<ST, K>(rows, head, V, chunks, ring);
+    uint4 first[4];  // the first chunk, where the state is f32 (start_chunks)
+    start_chunks<ST, K>(rows, head, V, chunks, ring, first);
     if (warp < length) store_step(warp, warp, first_step);
     for (int step = warp + kRowThreads / 32; step < length; step += kRowThreads / 32)
       store_step(step, step, load_step(step));
     __syncthreads();
-    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
+    walk_chunks<ST, K>(rows, head, V, chunks, ring, first, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<true>(raw, chunk);
     });
   } else {
-    fill_ring<ST, K>(rows, head, V, chunks, ring);
-    ring_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
+    uint4 first[4];  // the first chunk, where the state is f32 (start_chunks)
+    start_chunks<ST, K>(rows, head, V, chunks, ring, first);
+    walk_chunks<ST, K>(rows, head, V, chunks, ring, first, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
     });
   }
-  cp_async_wait_all();  // no copy outlives the block (the empty groups past the end included)
 }
 
 template <class IO, class ST, int K>
