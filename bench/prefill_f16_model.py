@@ -20,7 +20,13 @@ reports them (bench/NOTES_prefill.md, v9). --bounded LB draws F16NearItsRounding
 class instead: g = LB / (1 + e^(-exp(A_log) (a + dt_bias))), A_log uniform in [-0.5, 0.5], a in
 [-4, 4], no strong tokens, K = V = 128, sequences of 1000, 65, 17 and 2100 tokens.
 
-    python3 bench/prefill_f16_model.py [seed] [--bounded LB]
+--bf16 models the bf16 kernels instead (inputs, operands and floors in bf16; L and A from single
+bf16 tiles), with one more point, "U f16": U held in f16 (relative to a power of two per value
+column, which changes no rounding but the range), as against f32. --learned R draws calls where
+the state predicts v, the case where Vnew = U - W S cancels most: keys from R fixed unit vectors,
+v = M k for a fixed M (plus 1% noise), weak decays (g in [-1e-2, -1e-3]), 2100 tokens, K = V = 128.
+
+    python3 bench/prefill_f16_model.py [seed] [--bounded LB] [--bf16] [--learned R]
 """
 import argparse
 
@@ -30,8 +36,10 @@ K, C = 128, 16
 parser = argparse.ArgumentParser(description="A rounding model of the f16 prefill.")
 parser.add_argument("seed", nargs="?", type=int, default=0)
 parser.add_argument("--bounded", type=float, metavar="LB", help="the bounded gate at lower bound LB")
+parser.add_argument("--bf16", action="store_true", help="the bf16 kernels' roundings and floors")
+parser.add_argument("--learned", type=int, metavar="R", help="calls whose state predicts v (R keys)")
 args = parser.parse_args()
-V = 128 if args.bounded is not None else 64
+V = 128 if args.bounded is not None or args.learned else 64
 rng = np.random.default_rng(args.seed)
 
 
@@ -47,6 +55,11 @@ def rb16(x):
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
+def r_operand(x):
+    """x rounded to the kernels' 16-bit operand dtype (f16, or bf16 with --bf16)."""
+    return rb16(x) if args.bf16 else r16(x)
+
+
 def split_product(a, b):
     """a @ b.T as the f16 prepare kernel's tensor cores take it: each side split into bf16 hi + lo,
     the three products hi hi + hi lo + lo hi (kSplitTiles)."""
@@ -56,8 +69,11 @@ def split_product(a, b):
 
 
 def draw(T, strong=0.05):
-    q = r16(rng.uniform(-1, 1, (T, K))); k = r16(rng.uniform(-1, 1, (T, K))); v = r16(rng.uniform(-1, 1, (T, V)))
-    a = rng.uniform(-4, 4, (T, K)); a[rng.random((T, K)) < strong] = 1000.0; a = r16(a)
+    if args.learned:
+        return draw_learned(T)
+    q = r_operand(rng.uniform(-1, 1, (T, K))); k = r_operand(rng.uniform(-1, 1, (T, K)))
+    v = r_operand(rng.uniform(-1, 1, (T, V)))
+    a = rng.uniform(-4, 4, (T, K)); a[rng.random((T, K)) < strong] = 1000.0; a = r_operand(a)
     rate = rng.uniform(1, 16) if args.bounded is None else np.exp(rng.uniform(-0.5, 0.5))
     dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), K)); bias = np.log(np.expm1(dt))
     x = a + bias
@@ -65,10 +81,26 @@ def draw(T, strong=0.05):
         g = -rate * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
     else:
         g = args.bounded / (1 + np.exp(-rate * x))
-    b = r16(rng.uniform(-3, 3, T)); beta = 1 / (1 + np.exp(-b))
+    b = r_operand(rng.uniform(-3, 3, T)); beta = 1 / (1 + np.exp(-b))
     S0 = rng.uniform(-1, 1, (K, V)).astype(np.float32).astype(np.float64)
     qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
     kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
+    return qn, kn, v, g, beta, S0
+
+
+def draw_learned(T):
+    """--learned: keys from a few fixed directions and v a fixed map of them, so that the state
+    comes to predict v and Vnew = U - W S is a small difference of large terms."""
+    keys = rng.normal(size=(args.learned, K)); M = rng.uniform(-1, 1, (V, K))
+    idx = rng.integers(0, args.learned, T)
+    k = r_operand(keys[idx] + 0.01 * rng.normal(size=(T, K)))
+    kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
+    v = r_operand(kn @ M.T + 0.01 * rng.uniform(-1, 1, (T, V)))
+    q = r_operand(rng.uniform(-1, 1, (T, K)))
+    qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
+    g = -rng.uniform(1e-3, 1e-2, (T, K))
+    beta = 1 / (1 + np.exp(-r_operand(rng.uniform(0, 3, T))))
+    S0 = np.zeros((K, V))
     return qn, kn, v, g, beta, S0
 
 
@@ -88,8 +120,11 @@ KERNEL_ROUNDINGS = frozenset({"S", "Vnew", "Qg", "Kd", "W", "A"})
 
 
 def rounded_at(rounded, point, x):
-    """x rounded to f16 when `point` is one of the rounding points in `rounded`."""
-    return r16(x) if point in rounded else x
+    """x rounded to the operand dtype (f16 for "U f16") when `point` is one of the rounding points
+    in `rounded`."""
+    if point not in rounded:
+        return x
+    return r16(x) if point == "U f16" else r_operand(x)
 
 
 def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
@@ -132,7 +167,7 @@ def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
         Tm = np.linalg.inv(np.eye(n) + L)
         W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
     return (np.exp(G[-1]), rounded_at(rounded, "Qg", Qg), rounded_at(rounded, "Kd", Kd),
-            rounded_at(rounded, "W", W), U, rounded_at(rounded, "A", A))
+            rounded_at(rounded, "W", W), rounded_at(rounded, "U f16", U), rounded_at(rounded, "A", A))
 
 
 def chain_step(S, ops, rounded, U=None):
@@ -162,7 +197,7 @@ def chunked(qn, kn, v, g, beta, S0, rounded, span=0):
             M, _ = chain_step(M, c, rounded, U=np.zeros((len(c[1]), M.shape[1])))
         D = np.prod([c[0] for c in chunks], axis=0)
         E, S = M - np.diag(D), entering[-1]
-        product = r16(E) @ r16(S) if "combine" in rounded else E @ S
+        product = r_operand(E) @ r_operand(S) if "combine" in rounded else E @ S
         entering.append(D[:, None] * S + product + Q)
     outs = []
     for chunks, S in zip(spans, entering):
@@ -178,26 +213,37 @@ def rel(x, ref):
 
 
 def main():
-    variants = {"every kernel rounding": KERNEL_ROUNDINGS}
-    variants.update({f"{point} alone": {point} for point in sorted(KERNEL_ROUNDINGS)})
-    variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
-    variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
-    variants["all but Qg"] = KERNEL_ROUNDINGS - {"Qg"}
-    variants["all, S split for out"] = KERNEL_ROUNDINGS | {"S split for out"}
-    variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
-    variants["LA split alone"] = {"LA split"}
-    variants["solve f32 alone"] = {"solve f32"}
-    variants["all + LA split + f32"] = KERNEL_ROUNDINGS | {"LA split", "solve f32"}
-    variants["G f32 alone"] = {"G f32"}
-    variants["all + G f32"] = KERNEL_ROUNDINGS | {"G f32"}
-    variants["split, spans of 2"] = (KERNEL_ROUNDINGS | {"combine"}, 2)
-    variants["split, combine alone"] = ({"combine"}, 2)
+    if args.bf16:
+        variants = {"every kernel rounding": KERNEL_ROUNDINGS,
+                    "all + U f16": KERNEL_ROUNDINGS | {"U f16"},
+                    "U f16 alone": {"U f16"},
+                    "Vnew alone": {"Vnew"},
+                    "split, spans of 2": (KERNEL_ROUNDINGS | {"combine"}, 2),
+                    "split + U f16": (KERNEL_ROUNDINGS | {"combine", "U f16"}, 2)}
+    else:
+        variants = {"every kernel rounding": KERNEL_ROUNDINGS}
+        variants.update({f"{point} alone": {point} for point in sorted(KERNEL_ROUNDINGS)})
+        variants["all but S"] = KERNEL_ROUNDINGS - {"S"}
+        variants["all but Vnew"] = KERNEL_ROUNDINGS - {"Vnew"}
+        variants["all but Qg"] = KERNEL_ROUNDINGS - {"Qg"}
+        variants["all, S split for out"] = KERNEL_ROUNDINGS | {"S split for out"}
+        variants["all + S stored"] = KERNEL_ROUNDINGS | {"S stored"}
+        variants["LA split alone"] = {"LA split"}
+        variants["solve f32 alone"] = {"solve f32"}
+        variants["all + LA split + f32"] = KERNEL_ROUNDINGS | {"LA split", "solve f32"}
+        variants["G f32 alone"] = {"G f32"}
+        variants["all + G f32"] = KERNEL_ROUNDINGS | {"G f32"}
+        variants["split, spans of 2"] = (KERNEL_ROUNDINGS | {"combine"}, 2)
+        variants["split, combine alone"] = ({"combine"}, 2)
     rows = {name: [] for name in variants}
-    lengths = (63,) * 3 + (160,) * 3 if args.bounded is None else (1000, 65, 17, 2100) * 2
+    if args.learned:
+        lengths = (2100,) * 2
+    else:
+        lengths = (63,) * 3 + (160,) * 3 if args.bounded is None else (1000, 65, 17, 2100) * 2
     for T in lengths:
         d = draw(T, strong=0.05 if args.bounded is None else 0.0)
         Se, Oe = exact(*d)
-        fs, fo = rel(r16(Se), Se), rel(r16(Oe), Oe)
+        fs, fo = rel(r_operand(Se), Se), rel(r_operand(Oe), Oe)
         for name, variant in variants.items():
             rounded, span = variant if isinstance(variant, tuple) else (variant, 0)
             S, O = chunked(*d, rounded, span)
