@@ -322,10 +322,10 @@ __global__ void __launch_bounds__(32 * kWarps)
             // f16 keeps 11 bits of S, which alone leaves out near twice its rounding floor; the
             // product with what that rounding dropped, S - f16(S), gives out S to ~22 bits. Off
             // the state's dependent chain; Vnew keeps the one product (its error is U's scale).
-            mma16<T>(out[0], aq, f16_residual_pack(S[2 * ks][0], S[2 * ks][1]),
-                     f16_residual_pack(S[2 * ks + 1][0], S[2 * ks + 1][1]));
-            mma16<T>(out[1], aq, f16_residual_pack(S[2 * ks][2], S[2 * ks][3]),
-                     f16_residual_pack(S[2 * ks + 1][2], S[2 * ks + 1][3]));
+            mma16<T>(out[0], aq, f16_residual_pack(S[2 * ks][0], S[2 * ks][1], b_lo0),
+                     f16_residual_pack(S[2 * ks + 1][0], S[2 * ks + 1][1], b_lo1));
+            mma16<T>(out[1], aq, f16_residual_pack(S[2 * ks][2], S[2 * ks][3], b_hi0),
+                     f16_residual_pack(S[2 * ks + 1][2], S[2 * ks + 1][3], b_hi1));
           }
         }
       }

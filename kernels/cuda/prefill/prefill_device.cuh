@@ -140,10 +140,12 @@ template <> struct IoBits<__half> {
   }
 };
 
-// What rounding (lo, hi) to f16 drops, itself rounded to f16, `lo` in the low half: the second
-// term of a two-term f16 split (f16(x) + this = x to about 22 bits while |x| is normal in f16).
-__device__ __forceinline__ std::uint32_t f16_residual_pack(float lo, float hi) {
-  const float2 kept = __half22float2(__floats2half2_rn(lo, hi));
+// What rounding (lo, hi) to f16 dropped, itself rounded to f16, `lo` in the low half: the second
+// term of a two-term f16 split (f16(x) + this = x to about 22 bits while |x| is normal in f16),
+// from the first term as the caller packed it (IoBits<__half>::pack(lo, hi)).
+__device__ __forceinline__ std::uint32_t f16_residual_pack(float lo, float hi,
+                                                         std::uint32_t kept_bits) {
+  const float2 kept = __half22float2(*reinterpret_cast<const __half2*>(&kept_bits));
   return IoBits<__half>::pack(lo - kept.x, hi - kept.y);
 }
 
