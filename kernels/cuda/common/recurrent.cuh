@@ -305,6 +305,11 @@ template <class ST, int K> struct ChunkRows {
     return chunk * Tile::kChunkRows + r * Tile::kRowsPerPass + row_in_pass;
   }
   __device__ __forceinline__ int row(int chunk, int r) const { return block_row0 + local(chunk, r); }
+  // The thread's 16-byte vector c of state row `at` of a head.
+  template <class T> __device__ __forceinline__ T* vector(T* head, int at, int c) const {
+    return head + static_cast<std::int64_t>(at) * K +
+           (c * Tile::kLanes + group_lane) * Tile::kPerVec;
+  }
 
   // Issues the loads of the thread's part of a chunk: raw 16-byte vectors, zeros past V.
   __device__ __forceinline__ void load(const ST* head, int V, int chunk, uint4 (&raw)[4]) const {
@@ -314,9 +319,7 @@ template <class ST, int K> struct ChunkRows {
 #pragma unroll
       for (int c = 0; c < Tile::kVecs; ++c)
         raw[r * Tile::kVecs + c] =
-            at < V ? load_stream(head + static_cast<std::int64_t>(at) * K +
-                                 (c * Tile::kLanes + group_lane) * Tile::kPerVec)
-                   : make_uint4(0, 0, 0, 0);
+            at < V ? load_stream(vector(head, at, c)) : make_uint4(0, 0, 0, 0);
     }
   }
   // Issues the copies of the thread's part of a chunk into its column of a ring slot (below):
@@ -330,8 +333,7 @@ template <class ST, int K> struct ChunkRows {
       for (int c = 0; c < Tile::kVecs; ++c) {
         uint4& dst = slot[r * Tile::kVecs + c][threadIdx.x];
         if (at < V)
-          cp_async_16(&dst, head + static_cast<std::int64_t>(at) * K +
-                                (c * Tile::kLanes + group_lane) * Tile::kPerVec);
+          cp_async_16(&dst, vector(head, at, c));
         else
           dst = make_uint4(0, 0, 0, 0);
       }
@@ -345,9 +347,7 @@ template <class ST, int K> struct ChunkRows {
   __device__ __forceinline__ void store(ST* head, int at, const float (&s)[16]) const {
 #pragma unroll
     for (int c = 0; c < Tile::kVecs; ++c)
-      store_stream(head + static_cast<std::int64_t>(at) * K +
-                       (c * Tile::kLanes + group_lane) * Tile::kPerVec,
-                   StateVec<ST>::pack(&s[c * Tile::kPerVec]));
+      store_stream(vector(head, at, c), StateVec<ST>::pack(&s[c * Tile::kPerVec]));
   }
 };
 
