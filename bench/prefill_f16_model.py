@@ -20,8 +20,8 @@ reports them (bench/NOTES_prefill.md, v9). --bounded LB draws F16NearItsRounding
 class instead: g = LB / (1 + e^(-exp(A_log) (a + dt_bias))), A_log uniform in [-0.5, 0.5], a in
 [-4, 4], no strong tokens, K = V = 128, sequences of 1000, 65, 17 and 2100 tokens.
 
---bf16 models the bf16 kernels instead (inputs, operands and floors in bf16; L and A from single
-bf16 tiles), with one more point, "U f16": U held in f16 (relative to a power of two per value
+--bf16 models the bf16 kernels instead (inputs, operands and floors in bf16; L and A as exact
+products, the rounding of their bf16 tiles not modelled), with one more point, "U f16": U held in f16 (relative to a power of two per value
 column, which changes no rounding but the range), as against f32. --learned R draws calls where
 the state predicts v, the case where Vnew = U - W S cancels most: keys from R fixed unit vectors,
 v = M k for a fixed M (plus 1% noise), weak decays (g in [-1e-2, -1e-3]), 2100 tokens, K = V = 128.
@@ -68,6 +68,11 @@ def split_product(a, b):
     return ah @ bh.T + ah @ bl.T + al @ bh.T
 
 
+def l2_normed(x):
+    """Rows of x over their L2 norms, as the kernels' in-kernel norm forms them."""
+    return x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6)
+
+
 def draw(T, strong=0.05):
     if args.learned:
         return draw_learned(T)
@@ -83,9 +88,7 @@ def draw(T, strong=0.05):
         g = args.bounded / (1 + np.exp(-rate * x))
     b = r_operand(rng.uniform(-3, 3, T)); beta = 1 / (1 + np.exp(-b))
     S0 = rng.uniform(-1, 1, (K, V)).astype(np.float32).astype(np.float64)
-    qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
-    kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
-    return qn, kn, v, g, beta, S0
+    return l2_normed(q) / np.sqrt(K), l2_normed(k), v, g, beta, S0
 
 
 def draw_learned(T):
@@ -93,11 +96,9 @@ def draw_learned(T):
     comes to predict v and Vnew = U - W S is a small difference of large terms."""
     keys = rng.normal(size=(args.learned, K)); M = rng.uniform(-1, 1, (V, K))
     idx = rng.integers(0, args.learned, T)
-    k = r_operand(keys[idx] + 0.01 * rng.normal(size=(T, K)))
-    kn = k / np.sqrt((k * k).sum(1, keepdims=True) + 1e-6)
+    kn = l2_normed(r_operand(keys[idx] + 0.01 * rng.normal(size=(T, K))))
     v = r_operand(kn @ M.T + 0.01 * rng.uniform(-1, 1, (T, V)))
-    q = r_operand(rng.uniform(-1, 1, (T, K)))
-    qn = q / np.sqrt((q * q).sum(1, keepdims=True) + 1e-6) / np.sqrt(K)
+    qn = l2_normed(r_operand(rng.uniform(-1, 1, (T, K)))) / np.sqrt(K)
     g = -rng.uniform(1e-3, 1e-2, (T, K))
     beta = 1 / (1 + np.exp(-r_operand(rng.uniform(0, 3, T))))
     S0 = np.zeros((K, V))
