@@ -21,10 +21,11 @@ class instead: g = LB / (1 + e^(-exp(A_log) (a + dt_bias))), A_log uniform in [-
 [-4, 4], no strong tokens, K = V = 128, sequences of 1000, 65, 17 and 2100 tokens.
 
 --bf16 models the bf16 kernels instead (inputs, operands and floors in bf16; L and A as exact
-products, the rounding of their bf16 tiles not modelled), with one more point, "U f16": U held in f16 (relative to a power of two per value
-column, which changes no rounding but the range), as against f32. --learned R draws calls where
-the state predicts v, the case where Vnew = U - W S cancels most: keys from R fixed unit vectors,
-v = M k for a fixed M (plus 1% noise), weak decays (g in [-1e-2, -1e-3]), 2100 tokens, K = V = 128.
+products, the rounding of their bf16 tiles not modelled), with one more point, "U f16": U held in
+f16 (relative to a power of two per value column, which changes no rounding but the range), as
+against f32. --learned R draws calls where the state predicts v, the case where Vnew = U - W S
+cancels most: keys from R fixed unit vectors, v = M k for a fixed M (plus 1% noise), weak decays
+(g in [-1e-2, -1e-3]), 2100 tokens, K = V = 128.
 
     python3 bench/prefill_f16_model.py [seed] [--bounded LB] [--bf16] [--learned R]
 """
@@ -168,7 +169,8 @@ def chunk_operands(qn, kn, v, g, beta, c0, c1, rounded):
         Tm = np.linalg.inv(np.eye(n) + L)
         W = Tm @ (beta[c0:c1, None] * Kg); U = Tm @ (beta[c0:c1, None] * v[c0:c1])
     return (np.exp(G[-1]), rounded_at(rounded, "Qg", Qg), rounded_at(rounded, "Kd", Kd),
-            rounded_at(rounded, "W", W), rounded_at(rounded, "U f16", U), rounded_at(rounded, "A", A))
+            rounded_at(rounded, "W", W), rounded_at(rounded, "U f16", U),
+            rounded_at(rounded, "A", A))
 
 
 def chain_step(S, ops, rounded, U=None):
