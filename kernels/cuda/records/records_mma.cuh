@@ -214,12 +214,15 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
   // The small loads first: issued after the state's 32 KB they waited behind it, and the whole
   // block with them. Per draft token t a warp (t % kMmaWarps) loads the block's v and the handoff;
   // thread c the channel's g, k and q's input of every token; per replayed step of the first four
-  // a warp loads its record.
+  // a warp loads its record. The inputs stay in their own dtype until the state's loads are
+  // issued: a conversion here would wait for its load before the state's loads could start.
   const RecordVerifyParams& d = draft_of(p);
   float* draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
   const int channel = threadIdx.x;
-  float v_in[kN][kMmaRows / 32], handoff_in[kN];
-  float g_in[Draft::kSteps], k_in[Draft::kSteps], q_in[Draft::kSteps];
+  IO v_in[kN][kMmaRows / 32];
+  float handoff_in[kN];
+  float g_in[Draft::kSteps], k_in[Draft::kSteps];
+  IO q_in[Draft::kSteps];
   if (row.length > 0) {
     wait_for_prior_grids();  // the token kernel's records and handoff
 #pragma unroll
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
         const IO* vp = static_cast<const IO*>(d.in.v.data) + token * d.in.v.token_stride +
                        bc.hv * d.in.v.head_stride + row0;
 #pragma unroll
-        for (int i = 0; i < kMmaRows / 32; ++i) v_in[m][i] = to_f32(vp[lane + 32 * i]);
+        for (int i = 0; i < kMmaRows / 32; ++i) v_in[m][i] = vp[lane + 32 * i];
         if (lane < Handoff::kFloats)
           handoff_in[m] = draft_records[t * d.records.step_stride + 2 * K + row0 + lane];
       }
@@ -242,12 +245,13 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
                      h * d.in.q.head_stride + channel;
 #pragma unroll
       for (int t = 0; t < Draft::kSteps; ++t) {
-        g_in[t] = k_in[t] = q_in[t] = 0.f;
+        g_in[t] = k_in[t] = 0.f;
+        q_in[t] = IO{};
         if (t < row.length) {
           const float* record = draft_records + t * d.records.step_stride;
           g_in[t] = record[channel];
           k_in[t] = record[K + channel];
-          q_in[t] = to_f32(qp[t * d.in.q.token_stride]);
+          q_in[t] = qp[t * d.in.q.token_stride];
         }
       }
     }
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
       const int t = warp + kMmaWarps * m;
       if (t < row.length) {
 #pragma unroll
-        for (int i = 0; i < kMmaRows / 32; ++i) draft.v[t][lane + 32 * i] = v_in[m][i];
+        for (int i = 0; i < kMmaRows / 32; ++i) draft.v[t][lane + 32 * i] = to_f32(v_in[m][i]);
         const float x = handoff_in[m];
         if (lane < Handoff::kB) draft.A[t][lane - Handoff::kA] = x;
         else if (lane < Handoff::kBeta) draft.B[t][lane - Handoff::kB] = x;
@@ -307,7 +311,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
         if (t < row.length) {
           P *= expf(g_in[t]);
           xk = P * k_in[t];
-          xq = P * (q_in[t] * draft.q_factor[t]);
+          xq = P * (to_f32(q_in[t]) * draft.q_factor[t]);
         }
         put(t, xk);
         put(Draft::kSteps + t, xq);
