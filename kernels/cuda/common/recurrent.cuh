@@ -439,5 +439,13 @@ __device__ __forceinline__ void walk_chunks(const ChunkRows<ST, K>& rows, const 
     cp_async_wait_all();  // the empty groups past the end included
   }
 }
+// start_chunks then walk_chunks, for a caller with nothing to prepare while the first chunks fly.
+template <class ST, int K, class Ring, class Process>
+__device__ __forceinline__ void stream_chunks(const ChunkRows<ST, K>& rows, const ST* head, int V,
+                                              int chunks, Ring& ring, Process&& process) {
+  uint4 first[4];  // the first chunk, where the state is f32
+  start_chunks<ST, K>(rows, head, V, chunks, ring, first);
+  walk_chunks<ST, K>(rows, head, V, chunks, ring, first, static_cast<Process&&>(process));
+}
 
 }  // namespace kdaguard::gpu::detail

@@ -190,9 +190,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       process.template operator()<true>(raw, chunk);
     });
   } else if constexpr (!kFitsBatch) {
-    uint4 first[4];  // the first chunk, where the state is f32 (start_chunks)
-    start_chunks<ST, K>(rows, head, V, chunks, ring, first);
-    walk_chunks<ST, K>(rows, head, V, chunks, ring, first, [&](const uint4 (&raw)[4], int chunk) {
+    stream_chunks<ST, K>(rows, head, V, chunks, ring, [&](const uint4 (&raw)[4], int chunk) {
       process.template operator()<false>(raw, chunk);
     });
   }
