@@ -1,11 +1,10 @@
 // The record kernels for f32 state pools and drafts of at most kRecordStepBatch tokens (the usual
 // speculative step), on tensor cores: record_verify and accept_verify with the draft in closed
-// form (replay_commit has no draft and runs the step form, records_kernel.cuh). Two kernels per
-// call: the token kernel (record_tokens_kernel) prepares the draft's tokens, writes their records'
-// g and k, and hands the head's scalars over in the records' u parts; then a block per (row n,
-// value head hv, 64 state rows) holds its rows, each of its 4 warps a tile of 16, which it loads
-// once, replays the recorded steps onto (accept_verify), writes back when it replayed any, and
-// drafts from.
+// form (replay_commit has no draft and runs the step form, records_kernel.cuh). One kernel per
+// call: a block per (row n, value head hv, 64 state rows) holds its rows, each of its 4 warps a
+// tile of 16, which it loads once, replays the recorded steps onto (accept_verify), writes back
+// when it replayed any, and drafts from; its warps prepare the draft's tokens (a warp per token)
+// while the state's loads are in flight.
 //
 // The closed form. With d_t = exp(g_t) per key channel, P_t = d_0 ... d_t and
 // R_jt = d_(j+1) ... d_t (j < t), the step form
@@ -15,8 +14,7 @@
 //     u_t = beta_t (v_t - S (P_t k_t) - sum_(j<t) A[t][j] u_j),   A[t][j] = k_j . (R_jt k_t)
 //     o_t = S (P_t q_t) + sum_(j<t) B[t][j] u_j + (k_t . q_t) u_t,   B[t][j] = k_j . (R_jt q_t)
 // (products taken channel by channel). P_t k_t, P_t q_t, A and B are the same for every state row
-// of the head, so A and B are formed once per head (the token kernel) and X = [P_t k_t, P_t q_t]
-// once per block; then every row needs the 2L dot products
+// of the head, so A, B and X = [P_t k_t, P_t q_t] are formed once per block; then every row needs the 2L dot products
 // S [P_0 k_0 .. P_(L-1) k_(L-1), P_0 q_0 .. P_(L-1) q_(L-1)] and an L x L triangular sweep over
 // scalars. The dot products of a tile are one matrix product (16 x K by K x 8 or 16), taken with
 // mma.sync in TF32 split in three (x = hi + lo, hi the TF32 rounding of x: hi hi + lo hi + hi lo,
@@ -62,7 +60,7 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)
 // The head's side of the closed form for drafts of at most kSteps = 4 kN tokens, as the tensor-core
 // kernel holds it: the product's right-hand matrix X (column t: P_t k_t, column kSteps + t:
 // P_t q_t; zero past the draft), split in TF32 halves and stored by column, the pair sums A and B,
-// and per token beta, k . q, q's factor and v of the head's rows.
+// and per token beta, k . q, q's factor and v of the block's rows.
 template <int K, int kN> struct alignas(16) MmaDraft {
   static constexpr int kSteps = 4 * kN;
   static constexpr int kCols = 8 * kN;
@@ -73,7 +71,7 @@ template <int K, int kN> struct alignas(16) MmaDraft {
   std::uint32_t x_lo[kCols][kPitch];
   float A[kSteps][kSteps];
   float B[kSteps][kSteps];
-  float beta[kSteps], kq[kSteps], q_factor[kSteps];
+  float beta[kSteps], kq[kSteps], q_factor[kSteps];  // q_factor: drafts the token kernel prepared
   float v[kSteps][kMmaRows];  // the block's rows
 };
 
@@ -88,12 +86,13 @@ template <int kSteps> struct HeadSideHandoff {
   static_assert(kFloats <= 64);
 };
 
-// The draft's token work, run before the tensor-core kernel: a block per (row n, value head hv), a
-// warp per draft token t. Each warp prepares its token (norms, gate, beta, k . q) and writes the
+// The token work of drafts of 5 to 8 tokens, run before the tensor-core kernel: a block per (row n,
+// value head hv), a warp per draft token t. Each warp prepares its token (norms, gate, beta, k . q) and writes the
 // token's record g | k; then, once every token is prepared, its pair sums A[t][j] = k_j . (R_jt k_t)
 // and B[t][j] = k_j . (R_jt q_t) for j < t, walking j downwards so that R_jt gains one factor per j,
-// and its handoff. Done inside the tensor-core kernel, this work kept that kernel's other warps and
-// its 64 KB of state waiting, two blocks per SM (bench/NOTES.md, 2026-12-07).
+// and its handoff. The tensor-core kernel's four warps prepare drafts of up to 4 tokens themselves;
+// two tokens a warp lengthened every block's chain by more than this kernel takes (bench/NOTES.md,
+// 2026-12-07).
 template <class Params, class IO, int K, int kN>
 __global__ void __launch_bounds__(128 * kN)
     record_tokens_kernel(const Params p, const GuardState guard) {
@@ -169,6 +168,60 @@ __global__ void __launch_bounds__(128 * kN)
   }
 }
 
+// One draft token's inputs on a lane's kCh channels as loaded, in their own dtypes: converted only
+// after the state's loads are issued (a conversion waits for its load, and nothing after it is
+// issued meanwhile).
+template <class IO, int kCh> struct RawLaneToken {
+  IO k[kCh], q[kCh];
+  std::uint32_t gate[kCh];
+  float bias[kCh];
+  float a_log = 0.f;
+  std::uint32_t b = 0;
+};
+
+template <class IO, int K, int kCh>
+__device__ __forceinline__ RawLaneToken<IO, kCh> load_raw_lane_token(const TokenInputs& in, int hv,
+                                                                     std::int64_t token, int lane) {
+  const int h = hv / (in.HV / in.H);
+  const bool raw_gate = in.gate_kind != GateKind::activated;
+  const IO* qp = static_cast<const IO*>(in.q.data) + token * in.q.token_stride + h * in.q.head_stride;
+  const IO* kp = static_cast<const IO*>(in.k.data) + token * in.k.token_stride + h * in.k.head_stride;
+  const std::int64_t gate_base = token * in.gate.token_stride + hv * in.gate.head_stride;
+  RawLaneToken<IO, kCh> x;
+#pragma unroll
+  for (int i = 0; i < kCh; ++i) {
+    const int c = lane + 32 * i;
+    x.k[i] = kp[c];
+    x.q[i] = qp[c];
+    x.gate[i] = load_bits(in.gate.data, in.gate_dtype, gate_base + c);
+    x.bias[i] = raw_gate && in.dt_bias != nullptr ? in.dt_bias[hv * K + c] : 0.f;
+  }
+  if (raw_gate) x.a_log = in.A_log[hv];
+  x.b = load_bits(in.beta.data, in.beta_dtype, token * in.beta.token_stride + hv * in.beta.head_stride);
+  return x;
+}
+
+template <class IO, int kCh>
+__device__ __forceinline__ LaneTokenInputs<kCh> converted(const TokenInputs& in,
+                                                          const RawLaneToken<IO, kCh>& raw) {
+  LaneTokenInputs<kCh> x;
+#pragma unroll
+  for (int i = 0; i < kCh; ++i) {
+    x.k[i] = to_f32(raw.k[i]);
+    x.q[i] = to_f32(raw.q[i]);
+    x.gate[i] = bits_to_f32(raw.gate[i], in.gate_dtype);
+    x.bias[i] = raw.bias[i];
+  }
+  x.a_log = raw.a_log;
+  x.b = bits_to_f32(raw.b, in.beta_dtype);
+  return x;
+}
+
+// The draft's tokens as the block's warps prepared them, per channel: what the pair sums and X read.
+template <int K, int kSteps> struct alignas(16) PreparedTokens {
+  float k[kSteps][K], q[kSteps][K], decay[kSteps][K];
+};
+
 template <class Params, class IO, int K, int kN>
 __global__ void __launch_bounds__(kMmaThreads, 4)
     records_mma_kernel(const Params p, const GuardState guard) {
@@ -176,8 +229,13 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
   static_assert(K <= kMmaThreads && kN * kMmaWarps == MmaDraft<K, kN>::kSteps);
   constexpr bool kReplay = kReplays<Params>;
   using Draft = MmaDraft<K, kN>;
-  using Handoff = HeadSideHandoff<Draft::kSteps>;
   constexpr int kVecs = K / 16;  // 4-channel vectors per thread and state row
+  constexpr int kPerLane = K / 32;
+  // Drafts of up to 4 tokens: the block's warps prepare them, a warp per token, while the state's
+  // loads are in flight. Longer drafts come prepared by the token kernel (record_tokens_kernel),
+  // whose head-side scalars the block reads from the records' u parts.
+  constexpr bool kOwnTokens = kN == 1;
+  using Handoff = HeadSideHandoff<Draft::kSteps>;
   // The replayed steps, and after them (past a barrier) each warp's tile of dot products.
   union ReplayOrTiles {
     ReplaySteps<K> replay;
@@ -185,7 +243,11 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
   };
   __shared__ ReplayOrTiles shared;
   __shared__ Draft draft;
+  __shared__ std::conditional_t<kOwnTokens, PreparedTokens<K, Draft::kSteps>, NoShared> tokens;
 
+  // The draft's inputs, the row arrays and the state; after a token kernel, which waited for them,
+  // the wait is for its records and handoff, and comes where the block first reads those.
+  if constexpr (kOwnTokens) wait_for_prior_grids();
   allow_next_grid();  // the next kernel's blocks wait for this grid before their first access
   const RecordPool pool = pool_of(p);
   const BlockCoords bc = block_coords(pool.HV, pool.V / kMmaRows);
@@ -212,18 +274,33 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
   };
 
   // The small loads first: issued after the state's 32 KB they waited behind it, and the whole
-  // block with them. Per draft token t a warp (t % kMmaWarps) loads the block's v and the handoff;
-  // thread c the channel's g, k and q's input of every token; per replayed step of the first four
-  // a warp loads its record. The inputs stay in their own dtype until the state's loads are
-  // issued: a conversion here would wait for its load before the state's loads could start.
+  // block with them. Per draft token t a warp (t % kMmaWarps) loads its inputs (its own tokens) or
+  // its handoff (the token kernel's), and the block's rows of its v; thread c, with the token
+  // kernel, the channel's g, k and q's input of every token; per replayed step of the first four a
+  // warp loads its record. The inputs stay in their own dtype until the state's loads are issued: a
+  // conversion here would wait for its load before the state's loads could start.
   const RecordVerifyParams& d = draft_of(p);
   float* draft_records = d.records.data + bc.n * d.records.row_stride + bc.hv * d.records.head_stride;
   const int channel = threadIdx.x;
+  [[maybe_unused]] RawLaneToken<IO, kPerLane> raw[kN];
   IO v_in[kN][kMmaRows / 32];
-  float handoff_in[kN];
-  float g_in[Draft::kSteps], k_in[Draft::kSteps];
-  IO q_in[Draft::kSteps];
-  if (row.length > 0) {
+  [[maybe_unused]] float handoff_in[kN];
+  [[maybe_unused]] float g_in[Draft::kSteps], k_in[Draft::kSteps];
+  [[maybe_unused]] IO q_in[Draft::kSteps];
+  if constexpr (kOwnTokens) {
+#pragma unroll
+    for (int m = 0; m < kN; ++m) {
+      const int t = warp + kMmaWarps * m;
+      if (t < row.length) {
+        const std::int64_t token = row.first_token + t;
+        raw[m] = load_raw_lane_token<IO, K, kPerLane>(d.in, bc.hv, token, lane);
+        const IO* vp = static_cast<const IO*>(d.in.v.data) + token * d.in.v.token_stride +
+                       bc.hv * d.in.v.head_stride + row0;
+#pragma unroll
+        for (int i = 0; i < kMmaRows / 32; ++i) v_in[m][i] = vp[lane + 32 * i];
+      }
+    }
+  } else if (row.length > 0) {
     wait_for_prior_grids();  // the token kernel's records and handoff
 #pragma unroll
     for (int m = 0; m < kN; ++m) {
@@ -279,10 +356,97 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
       StateVec<float>::unpack(load_stream(vector_at(r, i)), &s[r][4 * i]);
     }
 
-  // The head side, while the state loads are in flight: the handed-over scalars and v, then X
-  // from the records' g and k and q's input times its factor, the same operations as the token
-  // preparation's, so X is bit for bit what a block preparing its own tokens would hold.
-  if (row.length > 0) {
+  // X's column col at the thread's channel, split in TF32 halves.
+  const auto put = [&](int col, float x) {
+    const std::uint32_t hi = tf32_round(x);
+    draft.x_hi[col][channel] = hi;
+    draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
+  };
+  // The draft's tokens, while the state loads are in flight: each warp prepares its tokens (the
+  // block of the head's first rows writes their records' g and k), then its pair sums
+  // A[t][j] = k_j . (R_jt k_t) and B[t][j] = k_j . (R_jt q_t) for j < t, walking j downwards so
+  // that R_jt gains one factor per j; then X from the prepared tokens, channel by channel.
+  if constexpr (kOwnTokens) {
+    if (row.length > 0) {
+      LaneToken<kPerLane> token[kN];
+#pragma unroll
+      for (int m = 0; m < kN; ++m) {
+        const int t = warp + kMmaWarps * m;
+        if (t < row.length) {
+          token[m] = finish_lane_token<K, kPerLane, 32, !std::is_same_v<IO, float>>(
+              d.in, converted(d.in, raw[m]));
+          float* record = draft_records + t * d.records.step_stride;
+#pragma unroll
+          for (int i = 0; i < kPerLane; ++i) {
+            const int c = lane + 32 * i;
+            tokens.k[t][c] = token[m].k[i];
+            tokens.q[t][c] = token[m].q[i];
+            tokens.decay[t][c] = token[m].decay[i];
+            if (row0 == 0) {
+              record[c] = token[m].g[i];
+              record[K + c] = token[m].k[i];
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < kMmaRows / 32; ++i) draft.v[t][lane + 32 * i] = to_f32(v_in[m][i]);
+          if (lane == 0) {
+            draft.beta[t] = token[m].beta;
+            draft.kq[t] = token[m].kq;
+          }
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int m = 0; m < kN; ++m) {
+        const int t = warp + kMmaWarps * m;
+        if (t < row.length) {
+          float r[kPerLane];
+#pragma unroll
+          for (int i = 0; i < kPerLane; ++i) r[i] = 1.f;
+          float a_of_lane = 0.f, b_of_lane = 0.f;  // lane j: A[t][j], B[t][j]; zero for j >= t
+          for (int j = t - 1; j >= 0; --j) {
+            float a = 0.f, b = 0.f;
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i) {
+              const int c = lane + 32 * i;
+              r[i] *= tokens.decay[j + 1][c];
+              const float v = tokens.k[j][c] * r[i];
+              a += v * token[m].k[i];
+              b += v * token[m].q[i];
+            }
+            a = group_sum<32>(a);
+            b = group_sum<32>(b);
+            if (lane == j) {
+              a_of_lane = a;
+              b_of_lane = b;
+            }
+          }
+          if (lane < Draft::kSteps) {
+            draft.A[t][lane] = a_of_lane;
+            draft.B[t][lane] = b_of_lane;
+          }
+        }
+      }
+      if (channel < K) {
+        float P = 1.f;
+#pragma unroll
+        for (int t = 0; t < Draft::kSteps; ++t) {
+          float xk = 0.f, xq = 0.f;
+          if (t < row.length) {
+            P *= tokens.decay[t][channel];
+            xk = P * tokens.k[t][channel];
+            xq = P * tokens.q[t][channel];
+          }
+          put(t, xk);
+          put(Draft::kSteps + t, xq);
+        }
+      }
+      __syncthreads();
+    }
+  } else if (row.length > 0) {
+    // The head side, while the state loads are in flight: the handed-over scalars and v, then X
+    // from the records' g and k and q's input times its factor, the same operations as the token
+    // preparation's, so X is bit for bit what a block preparing its own tokens would hold.
 #pragma unroll
     for (int m = 0; m < kN; ++m) {
       const int t = warp + kMmaWarps * m;
@@ -299,11 +463,6 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
     }
     __syncthreads();
     if (channel < K) {
-      const auto put = [&](int col, float x) {
-        const std::uint32_t hi = tf32_round(x);
-        draft.x_hi[col][channel] = hi;
-        draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
-      };
       float P = 1.f;
 #pragma unroll
       for (int t = 0; t < Draft::kSteps; ++t) {
@@ -409,7 +568,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
   __syncwarp();
 
   // The sweep: two lanes per row, each storing every other step's output and record u (over the
-  // handoff, read above).
+  // token kernel's handoff, read above).
   const int local = lane / 2, parity = lane % 2;
   const int in_block = tile_row0 + local, at = row0 + in_block;
   float* records_u = draft_records + 2 * K;
@@ -436,14 +595,16 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
 
 // Launches the token kernel (a block per row and value head), then the tensor-core kernel (a block
 // per kMmaRows state rows of each), each as the programmatic dependant of the kernel before it,
-// for drafts of at most 4 kN tokens.
+// for drafts of 5 to 8 tokens; shorter drafts need the tensor-core kernel alone.
 template <class Params, class IO, int K, int kN>
 cudaError_t launch_draft_kernels(const Params& p, GuardState guard, unsigned heads,
                                  unsigned slices, cudaStream_t stream) {
-  if (const cudaError_t e = launch_after_prior_grid(record_tokens_kernel<Params, IO, K, kN>, heads,
-                                                    128 * kN, 0, stream, p, guard);
-      e != cudaSuccess)
-    return e;
+  if constexpr (kN > 1) {
+    if (const cudaError_t e = launch_after_prior_grid(record_tokens_kernel<Params, IO, K, kN>,
+                                                      heads, 128 * kN, 0, stream, p, guard);
+        e != cudaSuccess)
+      return e;
+  }
   return launch_after_prior_grid(records_mma_kernel<Params, IO, K, kN>, heads * slices,
                                  kMmaThreads, 0, stream, p, guard);
 }
