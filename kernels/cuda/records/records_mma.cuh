@@ -86,11 +86,40 @@ template <int kSteps> struct HeadSideHandoff {
   static_assert(kFloats <= 64);
 };
 
+// Token t's pair sums A[t][j] = k_j . (R_jt k_t) and B[t][j] = k_j . (R_jt q_t) for j < t, walking
+// j downwards so that R_jt gains one factor per j, from every token's k and decay by channel (lane
+// + 32 i): lane j gets A[t][j] and B[t][j] in a_of_lane and b_of_lane, which lanes j >= t keep as
+// they are. The whole warp calls it.
+template <int K, int kPerLane>
+__device__ __forceinline__ void pair_sums(int t, int lane, const float (*k)[K],
+                                          const float (*decay)[K], const LaneToken<kPerLane>& token,
+                                          float& a_of_lane, float& b_of_lane) {
+  float r[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) r[i] = 1.f;
+  for (int j = t - 1; j >= 0; --j) {
+    float a = 0.f, b = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = lane + 32 * i;
+      r[i] *= decay[j + 1][c];
+      const float v = k[j][c] * r[i];
+      a += v * token.k[i];
+      b += v * token.q[i];
+    }
+    a = group_sum<32>(a);
+    b = group_sum<32>(b);
+    if (lane == j) {
+      a_of_lane = a;
+      b_of_lane = b;
+    }
+  }
+}
+
 // The token work of drafts of 5 to 8 tokens, run before the tensor-core kernel: a block per (row n,
-// value head hv), a warp per draft token t. Each warp prepares its token (norms, gate, beta, k . q) and writes the
-// token's record g | k; then, once every token is prepared, its pair sums A[t][j] = k_j . (R_jt k_t)
-// and B[t][j] = k_j . (R_jt q_t) for j < t, walking j downwards so that R_jt gains one factor per j,
-// and its handoff. The tensor-core kernel's four warps prepare drafts of up to 4 tokens themselves;
+// value head hv), a warp per draft token t. Each warp prepares its token (norms, gate, beta, k . q)
+// and writes the token's record g | k; then, once every token is prepared, its pair sums and its
+// handoff. The tensor-core kernel's four warps prepare drafts of up to 4 tokens themselves;
 // two tokens a warp lengthened every block's chain by more than this kernel takes (bench/NOTES.md,
 // 2026-12-07).
 template <class Params, class IO, int K, int kN>
@@ -132,27 +161,8 @@ __global__ void __launch_bounds__(128 * kN)
   }
   __syncthreads();
   if (t >= row.length) return;
-  float r[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) r[i] = 1.f;
   float a_of_lane = 0.f, b_of_lane = 0.f;  // lane j: A[t][j], B[t][j]; zero for j >= t
-  for (int j = t - 1; j >= 0; --j) {
-    float a = 0.f, b = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int c = lane + 32 * i;
-      r[i] *= token_decay[j + 1][c];
-      const float v = token_k[j][c] * r[i];
-      a += v * token.k[i];
-      b += v * token.q[i];
-    }
-    a = group_sum<32>(a);
-    b = group_sum<32>(b);
-    if (lane == j) {
-      a_of_lane = a;
-      b_of_lane = b;
-    }
-  }
+  pair_sums<K, kPerLane>(t, lane, token_k, token_decay, token, a_of_lane, b_of_lane);
   for (int row0 = 0; row0 < pool.V; row0 += kMmaRows) {
     float* handoff = record + 2 * K + row0;
     if (lane < kSteps) {
@@ -363,9 +373,8 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
     draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
   };
   // The draft's tokens, while the state loads are in flight: each warp prepares its tokens (the
-  // block of the head's first rows writes their records' g and k), then its pair sums
-  // A[t][j] = k_j . (R_jt k_t) and B[t][j] = k_j . (R_jt q_t) for j < t, walking j downwards so
-  // that R_jt gains one factor per j; then X from the prepared tokens, channel by channel.
+  // block of the head's first rows writes their records' g and k), then their pair sums; then X
+  // from the prepared tokens, channel by channel.
   if constexpr (kOwnTokens) {
     if (row.length > 0) {
       LaneToken<kPerLane> token[kN];
@@ -400,27 +409,8 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
       for (int m = 0; m < kN; ++m) {
         const int t = warp + kMmaWarps * m;
         if (t < row.length) {
-          float r[kPerLane];
-#pragma unroll
-          for (int i = 0; i < kPerLane; ++i) r[i] = 1.f;
           float a_of_lane = 0.f, b_of_lane = 0.f;  // lane j: A[t][j], B[t][j]; zero for j >= t
-          for (int j = t - 1; j >= 0; --j) {
-            float a = 0.f, b = 0.f;
-#pragma unroll
-            for (int i = 0; i < kPerLane; ++i) {
-              const int c = lane + 32 * i;
-              r[i] *= tokens.decay[j + 1][c];
-              const float v = tokens.k[j][c] * r[i];
-              a += v * token[m].k[i];
-              b += v * token[m].q[i];
-            }
-            a = group_sum<32>(a);
-            b = group_sum<32>(b);
-            if (lane == j) {
-              a_of_lane = a;
-              b_of_lane = b;
-            }
-          }
+          pair_sums<K, kPerLane>(t, lane, tokens.k, tokens.decay, token[m], a_of_lane, b_of_lane);
           if (lane < Draft::kSteps) {
             draft.A[t][lane] = a_of_lane;
             draft.B[t][lane] = b_of_lane;
