@@ -366,11 +366,26 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
       StateVec<float>::unpack(load_stream(vector_at(r, i)), &s[r][4 * i]);
     }
 
-  // X's column col at the thread's channel, split in TF32 halves.
-  const auto put = [&](int col, float x) {
-    const std::uint32_t hi = tf32_round(x);
-    draft.x_hi[col][channel] = hi;
-    draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
+  // X's columns at the thread's channel, split in TF32 halves, from each draft token's decay, k
+  // and q there: column t P_t k_t, column kSteps + t P_t q_t, zero past the draft.
+  const auto put_columns = [&](auto&& decay, auto&& k, auto&& q) {
+    const auto put = [&](int col, float x) {
+      const std::uint32_t hi = tf32_round(x);
+      draft.x_hi[col][channel] = hi;
+      draft.x_lo[col][channel] = tf32_round(x - __uint_as_float(hi));
+    };
+    float P = 1.f;
+#pragma unroll
+    for (int t = 0; t < Draft::kSteps; ++t) {
+      float xk = 0.f, xq = 0.f;
+      if (t < row.length) {
+        P *= decay(t);
+        xk = P * k(t);
+        xq = P * q(t);
+      }
+      put(t, xk);
+      put(Draft::kSteps + t, xq);
+    }
   };
   // The draft's tokens, while the state loads are in flight: each warp prepares its tokens (the
   // block of the head's first rows writes their records' g and k), then their pair sums; then X
@@ -417,20 +432,10 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
           }
         }
       }
-      if (channel < K) {
-        float P = 1.f;
-#pragma unroll
-        for (int t = 0; t < Draft::kSteps; ++t) {
-          float xk = 0.f, xq = 0.f;
-          if (t < row.length) {
-            P *= tokens.decay[t][channel];
-            xk = P * tokens.k[t][channel];
-            xq = P * tokens.q[t][channel];
-          }
-          put(t, xk);
-          put(Draft::kSteps + t, xq);
-        }
-      }
+      if (channel < K)
+        put_columns([&](int t) { return tokens.decay[t][channel]; },
+                    [&](int t) { return tokens.k[t][channel]; },
+                    [&](int t) { return tokens.q[t][channel]; });
       __syncthreads();
     }
   } else if (row.length > 0) {
@@ -452,20 +457,9 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
       }
     }
     __syncthreads();
-    if (channel < K) {
-      float P = 1.f;
-#pragma unroll
-      for (int t = 0; t < Draft::kSteps; ++t) {
-        float xk = 0.f, xq = 0.f;
-        if (t < row.length) {
-          P *= expf(g_in[t]);
-          xk = P * k_in[t];
-          xq = P * (to_f32(q_in[t]) * draft.q_factor[t]);
-        }
-        put(t, xk);
-        put(Draft::kSteps + t, xq);
-      }
-    }
+    if (channel < K)
+      put_columns([&](int t) { return expf(g_in[t]); }, [&](int t) { return k_in[t]; },
+                  [&](int t) { return to_f32(q_in[t]) * draft.q_factor[t]; });
     __syncthreads();
   }
 
