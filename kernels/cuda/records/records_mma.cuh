@@ -1,10 +1,11 @@
 // The record kernels for f32 state pools and drafts of at most kRecordStepBatch tokens (the usual
 // speculative step), on tensor cores: record_verify and accept_verify with the draft in closed
-// form (replay_commit has no draft and runs the step form, records_kernel.cuh). One kernel per
-// call: a block per (row n, value head hv, 64 state rows) holds its rows, each of its 4 warps a
-// tile of 16, which it loads once, replays the recorded steps onto (accept_verify), writes back
-// when it replayed any, and drafts from; its warps prepare the draft's tokens (a warp per token)
-// while the state's loads are in flight.
+// form (replay_commit has no draft and runs the step form, records_kernel.cuh). A block per (row n,
+// value head hv, 64 state rows) holds its rows, each of its 4 warps a tile of 16, which it loads
+// once, replays the recorded steps onto (accept_verify), writes back when it replayed any, and
+// drafts from. Drafts of up to 4 tokens are one kernel: its warps prepare the tokens (a warp per
+// token) while the state's loads are in flight. Longer drafts come prepared by a token kernel
+// launched first (record_tokens_kernel).
 //
 // The closed form. With d_t = exp(g_t) per key channel, P_t = d_0 ... d_t and
 // R_jt = d_(j+1) ... d_t (j < t), the step form
@@ -14,7 +15,8 @@
 //     u_t = beta_t (v_t - S (P_t k_t) - sum_(j<t) A[t][j] u_j),   A[t][j] = k_j . (R_jt k_t)
 //     o_t = S (P_t q_t) + sum_(j<t) B[t][j] u_j + (k_t . q_t) u_t,   B[t][j] = k_j . (R_jt q_t)
 // (products taken channel by channel). P_t k_t, P_t q_t, A and B are the same for every state row
-// of the head, so A, B and X = [P_t k_t, P_t q_t] are formed once per block; then every row needs the 2L dot products
+// of the head, so A, B and X = [P_t k_t, P_t q_t] are formed once per block (A and B once per head
+// by the token kernel, for longer drafts); then every row needs the 2L dot products
 // S [P_0 k_0 .. P_(L-1) k_(L-1), P_0 q_0 .. P_(L-1) q_(L-1)] and an L x L triangular sweep over
 // scalars. The dot products of a tile are one matrix product (16 x K by K x 8 or 16), taken with
 // mma.sync in TF32 split in three (x = hi + lo, hi the TF32 rounding of x: hi hi + lo hi + hi lo,
