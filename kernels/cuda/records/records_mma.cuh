@@ -229,7 +229,8 @@ __device__ __forceinline__ LaneTokenInputs<kCh> converted(const TokenInputs& in,
   return x;
 }
 
-// The draft's tokens as the block's warps prepared them, per channel: what the pair sums and X read.
+// The draft's tokens as the block's warps prepared them, per channel: what the pair sums and X
+// read.
 template <int K, int kSteps> struct alignas(16) PreparedTokens {
   float k[kSteps][K], q[kSteps][K], decay[kSteps][K];
 };
