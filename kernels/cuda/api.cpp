@@ -153,6 +153,38 @@ Status launch_self_judged(const Verdict& verdict, const DeviceGuard& guard, cons
   return Status::success();
 }
 
+// Verify and prefill: when the host deferred value rules, the guard kernel judges them first and
+// hands each row's verdict to the kernels after it through row_flags.
+template <class GuardLaunch, class MainLaunch>
+Status launch_after_guard(const Verdict& verdict, const DeviceGuard& guard,
+                          GuardLaunch&& run_guard, MainLaunch&& run_main) {
+  const bool deferred = !verdict.deferred.empty();
+  const detail::GuardState state{guard.error_word, deferred ? guard.row_flags : nullptr, false,
+                                 enabled_device_rules()};
+  if (deferred) {
+    if (const cudaError_t e = run_guard(state); e != cudaSuccess)
+      return cuda_failure("guard kernel launch", e);
+  }
+  if (const cudaError_t e = run_main(state); e != cudaSuccess)
+    return cuda_failure("kernel launch", e);
+  return Status::success();
+}
+
+// The last stretch every entry point's call travels: on a capturing stream the combination must
+// be prepared (capture_ready); then `launch` runs the call's kernels, and an accepted launch
+// outside a capture that ran kernels (runs_kernels) marks the combination prepared on the device.
+template <class Launch>
+Status launch_prepared(Entry entry, const TokenInputs* in, DType state, std::int32_t K,
+                       std::int32_t V, int device, bool runs_kernels, cudaStream_t stream,
+                       Launch&& launch) {
+  const PreparedKey key{prepared_key(entry, K, V, in ? in->io_dtype : state, state), device};
+  bool capturing = false;
+  if (Status s = capture_ready(entry, key, in, state, K, V, stream, capturing); !s.ok()) return s;
+  Status launched = launch();
+  if (launched.ok() && !capturing && runs_kernels) key.mark();
+  return launched;
+}
+
 }  // namespace
 
 Status can_implement(const DecodeCall& call) {
@@ -193,22 +225,16 @@ Status decode(const DecodeCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const DecodeParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
-  const PreparedKey key{prepared_key(Entry::decode, params.in.K, params.in.V, params.in.io_dtype,
-                                     params.state.dtype),
-                        call.device.index};
-  bool capturing = false;
-  if (Status s = capture_ready(Entry::decode, key, &params.in, params.state.dtype, params.in.K,
-                               params.in.V, options.stream, capturing);
-      !s.ok())
-    return s;
-  Status launched = launch_self_judged(
-      verdict, options.guard, params, params.batch,
-      [&](const DecodeParams& p, detail::GuardState g, cudaStream_t s) {
-        return detail::launch_decode(p, g, options.chunks_per_block, s);
-      },
-      options.stream);
-  if (launched.ok() && !capturing && params.batch > 0) key.mark();
-  return launched;
+  return launch_prepared(
+      Entry::decode, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
+      params.batch > 0, options.stream, [&] {
+        return launch_self_judged(
+            verdict, options.guard, params, params.batch,
+            [&](const DecodeParams& p, detail::GuardState g, cudaStream_t s) {
+              return detail::launch_decode(p, g, options.chunks_per_block, s);
+            },
+            options.stream);
+      });
 }
 
 Status prefill(const PrefillCall& call, const LaunchOptions& options) {
@@ -232,31 +258,19 @@ Status prefill(const PrefillCall& call, const LaunchOptions& options) {
     params.workspace = options.workspace.data;
     params.workspace_bytes = options.workspace.bytes;
   }
-  const PreparedKey key{prepared_key(Entry::prefill, params.in.K, params.in.V, params.in.io_dtype,
-                                     params.state.dtype),
-                        call.device.index};
-  bool capturing = false;
-  if (Status s = capture_ready(Entry::prefill, key, &params.in, params.state.dtype, params.in.K,
-                               params.in.V, options.stream, capturing);
-      !s.ok())
-    return s;
-  // The guard kernel's verdicts go to the chain of kernels through row_flags.
-  const bool deferred = !verdict.deferred.empty();
-  const detail::GuardState state{options.guard.error_word,
-                                 deferred ? options.guard.row_flags : nullptr, false,
-                                 enabled_device_rules()};
-  if (deferred) {
-    if (const cudaError_t e =
-            detail::launch_prefill_guard(params, state.enabled, options.guard.error_word,
-                                         options.guard.row_flags, options.stream);
-        e != cudaSuccess)
-      return cuda_failure("guard kernel launch", e);
-  }
-  Status launched = Status::success();
-  if (const cudaError_t e = detail::launch_prefill(params, state, options.stream); e != cudaSuccess)
-    launched = cuda_failure("kernel launch", e);
-  if (launched.ok() && !capturing && params.num_seqs > 0 && params.total_tokens > 0) key.mark();
-  return launched;
+  return launch_prepared(
+      Entry::prefill, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
+      params.num_seqs > 0 && params.total_tokens > 0, options.stream, [&] {
+        return launch_after_guard(
+            verdict, options.guard,
+            [&](const detail::GuardState& g) {
+              return detail::launch_prefill_guard(params, g.enabled, options.guard.error_word,
+                                                  options.guard.row_flags, options.stream);
+            },
+            [&](const detail::GuardState& g) {
+              return detail::launch_prefill(params, g, options.stream);
+            });
+      });
 }
 
 Status verify(const VerifyCall& call, const LaunchOptions& options) {
@@ -264,33 +278,19 @@ Status verify(const VerifyCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const VerifyParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, params.rows); !s.ok()) return s;
-  const PreparedKey key{prepared_key(Entry::verify, params.in.K, params.in.V, params.in.io_dtype,
-                                     params.state.dtype),
-                        call.device.index};
-  bool capturing = false;
-  if (Status s = capture_ready(Entry::verify, key, &params.in, params.state.dtype, params.in.K,
-                               params.in.V, options.stream, capturing);
-      !s.ok())
-    return s;
-  // The guard kernel's verdicts go to the verify kernel through row_flags.
-  const bool deferred = !verdict.deferred.empty();
-  const detail::GuardState state{options.guard.error_word,
-                                 deferred ? options.guard.row_flags : nullptr, false,
-                                 enabled_device_rules()};
-  if (deferred) {
-    if (const cudaError_t e =
-            detail::launch_verify_guard(params, state.enabled, options.guard.error_word,
-                                        options.guard.row_flags, options.stream);
-        e != cudaSuccess)
-      return cuda_failure("guard kernel launch", e);
-  }
-  Status launched = Status::success();
-  if (const cudaError_t e =
-          detail::launch_verify(params, state, options.chunks_per_block, options.stream);
-      e != cudaSuccess)
-    launched = cuda_failure("kernel launch", e);
-  if (launched.ok() && !capturing && params.rows > 0) key.mark();
-  return launched;
+  return launch_prepared(
+      Entry::verify, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
+      params.rows > 0, options.stream, [&] {
+        return launch_after_guard(
+            verdict, options.guard,
+            [&](const detail::GuardState& g) {
+              return detail::launch_verify_guard(params, g.enabled, options.guard.error_word,
+                                                 options.guard.row_flags, options.stream);
+            },
+            [&](const detail::GuardState& g) {
+              return detail::launch_verify(params, g, options.chunks_per_block, options.stream);
+            });
+      });
 }
 
 Status commit(const CommitCall& call, const LaunchOptions& options) {
@@ -298,18 +298,11 @@ Status commit(const CommitCall& call, const LaunchOptions& options) {
   if (Status s = admit(call, verdict); !s.ok()) return s;
   const CommitParams params = lower(call);
   if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
-  const PreparedKey key{
-      prepared_key(Entry::commit, params.K, params.V, params.state.dtype, params.state.dtype),
-      call.device.index};
-  bool capturing = false;
-  if (Status s = capture_ready(Entry::commit, key, nullptr, params.state.dtype, params.K, params.V,
-                               options.stream, capturing);
-      !s.ok())
-    return s;
-  Status launched = launch_self_judged(verdict, options.guard, params, params.rows,
-                                      detail::launch_commit, options.stream);
-  if (launched.ok() && !capturing && params.rows > 0) key.mark();
-  return launched;
+  return launch_prepared(Entry::commit, nullptr, params.state.dtype, params.K, params.V,
+                         call.device.index, params.rows > 0, options.stream, [&] {
+                           return launch_self_judged(verdict, options.guard, params, params.rows,
+                                                     detail::launch_commit, options.stream);
+                         });
 }
 
 std::int64_t prefill_workspace_bytes(std::int64_t total_tokens, std::int64_t num_seqs,
@@ -413,27 +406,21 @@ template <class Call> void fill_token_inputs(Call& c, WarmUpBuffers& b, std::int
 
 namespace {
 
-// The record-based path (records/): validate, lower, and launch the kernel that judges its own
-// rows (launch_self_judged); its key is marked prepared after an uncaptured launch with rows.
+// The record-based path (records/): its kernels judge their own rows in their prologues, and the
+// launcher a call without rows by the guard kernel (launch_records_tile).
 template <class Call, class Params, class Launch>
 Status run_records(const Call& call, const Params& params, const Verdict& verdict,
                    std::int32_t K, std::int32_t V, const TokenInputs* in, DType state,
                    std::int64_t rows, const LaunchOptions& options, Launch&& launch) {
   if (Status s = guard_ready(verdict, options.guard, 0); !s.ok()) return s;
-  const PreparedKey key{prepared_key(Call::kEntry, K, V, in ? in->io_dtype : state, state),
-                        call.device.index};
-  bool capturing = false;
-  if (Status s = capture_ready(Call::kEntry, key, in, state, K, V, options.stream, capturing);
-      !s.ok())
-    return s;
-  const detail::GuardState guard{options.guard.error_word, nullptr, !verdict.deferred.empty(),
-                                 enabled_device_rules()};
-  Status launched = Status::success();
-  if (const cudaError_t e = launch(params, guard, options.chunks_per_block, options.stream);
-      e != cudaSuccess)
-    launched = cuda_failure("kernel launch", e);
-  if (launched.ok() && !capturing && rows > 0) key.mark();
-  return launched;
+  const auto run = [&] {
+    const detail::GuardState guard{options.guard.error_word, nullptr, !verdict.deferred.empty(),
+                                   enabled_device_rules()};
+    const cudaError_t e = launch(params, guard, options.chunks_per_block, options.stream);
+    return e == cudaSuccess ? Status::success() : cuda_failure("kernel launch", e);
+  };
+  return launch_prepared(Call::kEntry, in, state, K, V, call.device.index, rows > 0,
+                         options.stream, run);
 }
 
 }  // namespace
