@@ -153,19 +153,24 @@ Status launch_self_judged(const Verdict& verdict, const DeviceGuard& guard, cons
   return Status::success();
 }
 
-// Verify and prefill: when the host deferred value rules, the guard kernel judges them first and
-// hands each row's verdict to the kernels after it through row_flags.
-template <class GuardLaunch, class MainLaunch>
-Status launch_after_guard(const Verdict& verdict, const DeviceGuard& guard,
-                          GuardLaunch&& run_guard, MainLaunch&& run_main) {
+// Verify and prefill: when the host deferred value rules, the guard kernel (run_guard) judges them
+// first and hands each row's verdict to the kernels after it through row_flags.
+template <class Params, class MainLaunch>
+Status launch_after_guard(const Verdict& verdict, const DeviceGuard& guard, const Params& params,
+                          cudaError_t (*run_guard)(const Params&, std::uint64_t,
+                                                   unsigned long long*, std::int32_t*,
+                                                   cudaStream_t),
+                          MainLaunch&& run_main, cudaStream_t stream) {
   const bool deferred = !verdict.deferred.empty();
   const detail::GuardState state{guard.error_word, deferred ? guard.row_flags : nullptr, false,
                                  enabled_device_rules()};
   if (deferred) {
-    if (const cudaError_t e = run_guard(state); e != cudaSuccess)
+    if (const cudaError_t e =
+            run_guard(params, state.enabled, guard.error_word, guard.row_flags, stream);
+        e != cudaSuccess)
       return cuda_failure("guard kernel launch", e);
   }
-  if (const cudaError_t e = run_main(state); e != cudaSuccess)
+  if (const cudaError_t e = run_main(params, state, stream); e != cudaSuccess)
     return cuda_failure("kernel launch", e);
   return Status::success();
 }
@@ -262,14 +267,11 @@ Status prefill(const PrefillCall& call, const LaunchOptions& options) {
       Entry::prefill, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
       params.num_seqs > 0 && params.total_tokens > 0, options.stream, [&] {
         return launch_after_guard(
-            verdict, options.guard,
-            [&](const detail::GuardState& g) {
-              return detail::launch_prefill_guard(params, g.enabled, options.guard.error_word,
-                                                  options.guard.row_flags, options.stream);
+            verdict, options.guard, params, detail::launch_prefill_guard,
+            [](const PrefillParams& p, detail::GuardState g, cudaStream_t s) {
+              return detail::launch_prefill(p, g, s);
             },
-            [&](const detail::GuardState& g) {
-              return detail::launch_prefill(params, g, options.stream);
-            });
+            options.stream);
       });
 }
 
@@ -282,14 +284,11 @@ Status verify(const VerifyCall& call, const LaunchOptions& options) {
       Entry::verify, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
       params.rows > 0, options.stream, [&] {
         return launch_after_guard(
-            verdict, options.guard,
-            [&](const detail::GuardState& g) {
-              return detail::launch_verify_guard(params, g.enabled, options.guard.error_word,
-                                                 options.guard.row_flags, options.stream);
+            verdict, options.guard, params, detail::launch_verify_guard,
+            [&](const VerifyParams& p, detail::GuardState g, cudaStream_t s) {
+              return detail::launch_verify(p, g, options.chunks_per_block, s);
             },
-            [&](const detail::GuardState& g) {
-              return detail::launch_verify(params, g, options.chunks_per_block, options.stream);
-            });
+            options.stream);
       });
 }
 
