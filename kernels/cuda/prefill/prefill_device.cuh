@@ -182,6 +182,13 @@ __device__ __forceinline__ void ldmatrix_x2(std::uint32_t (&r)[2], const void* r
                : "memory");
 }
 
+__device__ __forceinline__ void ldmatrix_x2_trans(std::uint32_t (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row))
+               : "memory");
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4],
                                          std::uint32_t b0, std::uint32_t b1) {
   asm(

@@ -40,23 +40,31 @@ inline constexpr float kSpanLimit = 90.f;
 static_assert(kSpanLimit < 126.f, "2^(+-kSpanLimit) must be a normal float (exp2_ftz)");
 inline constexpr int kPivotRow = 7;
 
+// Position within tile[channel] of the 8 rows starting at row8 (0 or 8): see PrepareShared.
+__device__ __forceinline__ int tile_half(int channel, int row8) { return row8 ^ (channel & 4) * 2; }
+
 // kSplitTiles (f16 inputs): each pivot-factorised tile is held as bf16 hi + lo parts, x = hi + lo
 // with hi = bf16(x), lo = bf16(x - hi), and L and A take three products (hi hi + hi lo + lo hi):
 // about 16 significant bits, more than f16's 11, over bf16's range, which the factors 2^(+-90)
 // need (f16 tiles would overflow beyond a span of ~15). bf16 inputs: one bf16 part.
+//
+// The tiles are stored by channel, tile[channel][row], so that the thread of a channel writes its
+// 16 rows as two 16-byte stores (8 packed conversions) instead of 16 two-byte stores, and the
+// products read them with ldmatrix's transposing form. A channel's two 16-byte halves (rows 0-7
+// and 8-15) swap places in channels 4-7 of every 8 (TileIndex): both the stores of 8 neighbouring
+// threads and the 8 row addresses of one ldmatrix matrix then fall in distinct banks.
 template <int K, int V, bool kSplitTiles> struct PrepareShared {
   static_assert((K == 64 || K == 128) && (V == 64 || V == 128));
-  static constexpr int kLdK = K + 8;  // bf16 tile row stride: rows 16 bytes apart in the banks
-  static constexpr int kLoRows = kSplitTiles ? kChunk : 1;
+  static constexpr int kLoChannels = kSplitTiles ? K : 1;
   alignas(16) std::uint16_t q[kChunk][K];  // raw 16-bit rows
   alignas(16) std::uint16_t k[kChunk][K];
   alignas(16) std::uint16_t v[kChunk][V];
-  alignas(16) __nv_bfloat16 Qp[kChunk][kLdK];  // q 2^(G - G_p)
-  alignas(16) __nv_bfloat16 Kp[kChunk][kLdK];  // k 2^(G - G_p)
-  alignas(16) __nv_bfloat16 Kn[kChunk][kLdK];  // k 2^(G_p - G)
-  alignas(16) __nv_bfloat16 Qp_lo[kLoRows][kLdK];  // the lo parts (kSplitTiles)
-  alignas(16) __nv_bfloat16 Kp_lo[kLoRows][kLdK];
-  alignas(16) __nv_bfloat16 Kn_lo[kLoRows][kLdK];
+  alignas(16) __nv_bfloat16 Qp[K][kChunk];  // q 2^(G - G_p), by channel
+  alignas(16) __nv_bfloat16 Kp[K][kChunk];  // k 2^(G - G_p)
+  alignas(16) __nv_bfloat16 Kn[K][kChunk];  // k 2^(G_p - G)
+  alignas(16) __nv_bfloat16 Qp_lo[kLoChannels][kChunk];  // the lo parts (kSplitTiles)
+  alignas(16) __nv_bfloat16 Kp_lo[kLoChannels][kChunk];
+  alignas(16) __nv_bfloat16 Kn_lo[kLoChannels][kChunk];
   // The raw gate rows (16- or 32-bit) until the gates are formed; then, for the per-pair path,
   // the gates in log2 units: with f16 inputs each token's own g, whose sums give G_i - G_j (see
   // kCompensatedGate in the kernel), with bf16 inputs the cumulative G.
@@ -79,7 +87,7 @@ template <int K, int V, bool kSplitTiles> struct PrepareShared {
 // decays) or their inner products, which stay small whenever the delta rule is stable
 // (beta |k|^2 < 2); values that underflow stand for contributions below f16's resolution.
 template <class IO, int K, int V>
-__global__ void __launch_bounds__(kPrepareThreads)
+__global__ void __launch_bounds__(kPrepareThreads, std::is_same_v<IO, __half> ? 4 : 6)
     prefill_prepare_kernel(const PrefillParams p, const GuardState guard, unsigned char* workspace) {
   static_assert(K <= kPrepareThreads && V <= kPrepareThreads);
   using Ops = ChunkOperands<K, V>;
@@ -288,11 +296,28 @@ __global__ void __launch_bounds__(kPrepareThreads)
     // formed directly. The branch is per thread, outside the row loop.
     std::uint16_t* Qg = reinterpret_cast<std::uint16_t*>(ops + Ops::kQg);
     std::uint16_t* Kd = reinterpret_cast<std::uint16_t*>(ops + Ops::kKd);
-    const auto tile = [&](__nv_bfloat16(&hi)[kChunk][Shared::kLdK], __nv_bfloat16(&lo)[Shared::kLoRows][Shared::kLdK],
-                          int r, float x) {
-      const __nv_bfloat16 h = __float2bfloat16_rn(x);
-      hi[r][ch] = h;
-      if constexpr (kSplitTiles) lo[r][ch] = __float2bfloat16_rn(x - __bfloat162float(h));
+    // A tile's 8 rows of this channel, packed two to a word, go out as one 16-byte store.
+    struct TileHalf {
+      std::uint32_t hi[4], lo[kSplitTiles ? 4 : 1];
+    };
+    TileHalf qp{}, kp{}, kn{};
+    float pending_qp = 0.f, pending_kp = 0.f, pending_kn = 0.f;  // the even row of a pair
+    const auto tile = [&](TileHalf& half, float& pending, int r, float x) {
+      if (r % 2 == 0) {
+        pending = x;
+        return;
+      }
+      const __nv_bfloat162 h = __floats2bfloat162_rn(pending, x);
+      half.hi[(r % 8) / 2] = *reinterpret_cast<const std::uint32_t*>(&h);
+      if constexpr (kSplitTiles)
+        half.lo[(r % 8) / 2] = pack_bf16(pending - __low2float(h), x - __high2float(h));
+    };
+    const auto store_half = [&](__nv_bfloat16(&hi)[K][kChunk], __nv_bfloat16(&lo)[Shared::kLoChannels][kChunk],
+                                const TileHalf& half, int row8) {
+      const int at = tile_half(ch, row8);
+      *reinterpret_cast<uint4*>(&hi[ch][at]) = make_uint4(half.hi[0], half.hi[1], half.hi[2], half.hi[3]);
+      if constexpr (kSplitTiles)
+        *reinterpret_cast<uint4*>(&lo[ch][at]) = make_uint4(half.lo[0], half.lo[1], half.lo[2], half.lo[3]);
     };
     auto tile_rows = [&](auto decays) {
 #pragma unroll
@@ -308,11 +333,16 @@ __global__ void __launch_bounds__(kPrepareThreads)
         else
           sm.gates[r][ch] = G[r];
         X[r] = sm.beta[r] * decay * k;
-        tile(sm.Qp, sm.Qp_lo, r, q * up);
-        tile(sm.Kp, sm.Kp_lo, r, k * up);
-        tile(sm.Kn, sm.Kn_lo, r, k * down);
+        tile(qp, pending_qp, r, q * up);
+        tile(kp, pending_kp, r, k * up);
+        tile(kn, pending_kn, r, k * down);
         Qg[r * K + ch] = Io::round(q * decay);
         Kd[r * K + ch] = Io::round(k * to_end);
+        if (r % 8 == 7) {
+          store_half(sm.Qp, sm.Qp_lo, qp, r - 7);
+          store_half(sm.Kp, sm.Kp_lo, kp, r - 7);
+          store_half(sm.Kn, sm.Kn_lo, kn, r - 7);
+        }
       }
     };
     if (span <= kSpanLimit) {
@@ -341,19 +371,26 @@ __global__ void __launch_bounds__(kPrepareThreads)
     // Warps 0, 1: L columns [8 nt, 8 nt + 8); warps 2, 3: A.
     const bool is_A = warp >= 2;
     const int nt = warp % 2;
-    const __nv_bfloat16(*rows_tile)[Shared::kLdK] = is_A ? sm.Qp : sm.Kp;
-    const __nv_bfloat16(*rows_lo)[Shared::kLdK] = is_A ? sm.Qp_lo : sm.Kp_lo;
+    const __nv_bfloat16(*rows_tile)[kChunk] = is_A ? sm.Qp : sm.Kp;
+    const __nv_bfloat16(*rows_lo)[kChunk] = is_A ? sm.Qp_lo : sm.Kp_lo;
     float acc[2][4] = {};
+    // By channel the A operand's matrices (rows 0-7 / 8-15 by channels 0-7 / 8-15 of the step)
+    // are 8 channels' halves, transposed on the way: lane l addresses channel
+    // 16 ks + 8 (l / 16) + l % 8, half (l / 8) % 2; B's two matrices are channels 16 ks + 8 m +
+    // l % 8, half nt.
+    const int a_channel = (lane / 16) * 8 + lane % 8, a_half = ((lane / 8) % 2) * 8;
+    const int b_channel = ((lane / 8) % 2) * 8 + lane % 8, b_half = nt * 8;
 #pragma unroll
     for (int ks = 0; ks < K / 16; ++ks) {
+      const int ac = ks * 16 + a_channel, bc = ks * 16 + b_channel;
       std::uint32_t a[4], b[2];
-      ldmatrix_x4(a, &rows_tile[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-      ldmatrix_x2(b, &sm.Kn[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
+      ldmatrix_x4_trans(a, &rows_tile[ac][tile_half(ac, a_half)]);
+      ldmatrix_x2_trans(b, &sm.Kn[bc][tile_half(bc, b_half)]);
       mma_bf16(acc[ks % 2], a, b[0], b[1]);
       if constexpr (kSplitTiles) {  // + hi lo + lo hi
         std::uint32_t a_lo[4], b_lo[2];
-        ldmatrix_x4(a_lo, &rows_lo[(lane % 8) + ((lane / 8) % 2) * 8][ks * 16 + (lane / 16) * 8]);
-        ldmatrix_x2(b_lo, &sm.Kn_lo[nt * 8 + (lane % 8)][ks * 16 + ((lane / 8) % 2) * 8]);
+        ldmatrix_x4_trans(a_lo, &rows_lo[ac][tile_half(ac, a_half)]);
+        ldmatrix_x2_trans(b_lo, &sm.Kn_lo[bc][tile_half(bc, b_half)]);
         mma_bf16(acc[ks % 2], a, b_lo[0], b_lo[1]);
         mma_bf16(acc[ks % 2], a_lo, b[0], b[1]);
       }
