@@ -86,6 +86,9 @@ template <int K, int V, bool kSplitTiles> struct PrepareShared {
 // entries lie in [-1, 1], beta <= 1); without it they are the f16 inputs times factors <= 1 (the
 // decays) or their inner products, which stay small whenever the delta rule is stable
 // (beta |k|^2 < 2); values that underflow stand for contributions below f16's resolution.
+// Blocks an SM: the kernel is throughput bound, and holding a tile's packed words before their
+// 16-byte stores would take bf16 from 80 to 96 registers, one block fewer; capped at 80 it spills
+// 8 bytes. f16 (the lo parts too) stays at its 128 registers.
 template <class IO, int K, int V>
 __global__ void __launch_bounds__(kPrepareThreads, std::is_same_v<IO, __half> ? 4 : 6)
     prefill_prepare_kernel(const PrefillParams p, const GuardState guard, unsigned char* workspace) {
