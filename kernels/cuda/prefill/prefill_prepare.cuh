@@ -51,7 +51,7 @@ __device__ __forceinline__ int tile_half(int channel, int row8) { return row8 ^ 
 // The tiles are stored by channel, tile[channel][row], so that the thread of a channel writes its
 // 16 rows as two 16-byte stores (8 packed conversions) instead of 16 two-byte stores, and the
 // products read them with ldmatrix's transposing form. A channel's two 16-byte halves (rows 0-7
-// and 8-15) swap places in channels 4-7 of every 8 (TileIndex): both the stores of 8 neighbouring
+// and 8-15) swap places in channels 4-7 of every 8 (tile_half): both the stores of 8 neighbouring
 // threads and the 8 row addresses of one ldmatrix matrix then fall in distinct banks.
 template <int K, int V, bool kSplitTiles> struct PrepareShared {
   static_assert((K == 64 || K == 128) && (V == 64 || V == 128));
