@@ -267,10 +267,7 @@ Status prefill(const PrefillCall& call, const LaunchOptions& options) {
       Entry::prefill, &params.in, params.state.dtype, params.in.K, params.in.V, call.device.index,
       params.num_seqs > 0 && params.total_tokens > 0, options.stream, [&] {
         return launch_after_guard(
-            verdict, options.guard, params, detail::launch_prefill_guard,
-            [](const PrefillParams& p, detail::GuardState g, cudaStream_t s) {
-              return detail::launch_prefill(p, g, s);
-            },
+            verdict, options.guard, params, detail::launch_prefill_guard, detail::launch_prefill,
             options.stream);
       });
 }
